@@ -1,0 +1,115 @@
+"""The management API: the private listener a host drives (the seed's "Routes")."""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from journal import Journal
+
+from ..errors import InvalidRequest, Unauthorized, UnknownVersion
+from ..wire import PROTOCOL_VERSION, PROTOCOL_VERSIONS, Health, StartCallRequest, StartCallResponse
+from ._common import install_error_handlers, json_response, read_body
+from ._events import check_cursor, parse_cursor, stream_lines
+
+if TYPE_CHECKING:
+    from ..calls import Runner
+
+MAX_GRACE_MS = 60_000
+
+
+def _grace_ms(raw: str | None) -> int:
+    if raw is None:
+        return 0
+    if not raw.isdigit() or int(raw) > MAX_GRACE_MS:
+        raise InvalidRequest(f"graceMs must be an integer from 0 to {MAX_GRACE_MS}, got {raw!r}")
+    return int(raw)
+
+
+def create_management_app(
+    runner: Runner,
+    journal: Journal,
+    *,
+    token: str,
+    heartbeat_ms: int,
+    closing: trio.Event,
+) -> QuartTrio:
+    """The management app of one runner.
+
+    Args:
+        runner: The calls this runner holds.
+        journal: Where the events stream reads from.
+        token: The bearer token every route but ``/health`` requires.
+        heartbeat_ms: How long an idle stream waits before it writes a ping.
+        closing: Set once the runner's terminal record is written: streams send
+            what is left and finish, so the listener can close.
+    """
+    app = QuartTrio("runner.management")
+    app.config["MAX_CONTENT_LENGTH"] = 1 << 20
+    install_error_handlers(app)
+    expected = f"Bearer {token}".encode()
+
+    @app.before_request
+    async def authenticate() -> None:
+        if request.path == "/health":
+            return
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise Unauthorized()
+        if not request.path.startswith("/v1/"):
+            raise UnknownVersion(f"{request.path} is not under a protocol version; this runner speaks /v1/")
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response(
+            Health(ok=True, protocol_version=PROTOCOL_VERSION, versions=list(PROTOCOL_VERSIONS))
+        )
+
+    @app.get("/v1/runner/events")
+    async def events() -> Response:
+        cursor = parse_cursor(request.args.get("from"), journal.head)
+        await check_cursor(journal, cursor)
+        response = Response(
+            stream_lines(journal, cursor, heartbeat_ms=heartbeat_ms, closing=closing),
+            content_type="application/x-ndjson",
+        )
+        # The stream is endless: Quart would otherwise cut it after RESPONSE_TIMEOUT.
+        response.timeout = None
+        return response
+
+    @app.get("/v1/runner")
+    async def runner_status() -> Response:
+        runner.require_managed()
+        return json_response(runner.status())
+
+    @app.post("/v1/runner/drain")
+    async def drain() -> Response:
+        runner.require_managed()
+        runner.drain_nowait("drain_request")
+        return json_response(runner.status(), status=202)
+
+    @app.post("/v1/sessions")
+    async def start_call() -> Response:
+        runner.require_managed()
+        start = await read_body(StartCallRequest)
+        call, accepted = await runner.start_call(start)
+        return json_response(
+            StartCallResponse(session_id=call.session_id, accepted=accepted, call=call.live()),
+            status=202,
+        )
+
+    @app.get("/v1/sessions/<session_id>")
+    async def get_call(session_id: str) -> Response:
+        return json_response(runner.get(session_id).live())
+
+    @app.delete("/v1/sessions/<session_id>")
+    async def stop_call(session_id: str) -> Response:
+        grace_ms = _grace_ms(request.args.get("graceMs"))
+        reason = request.args.get("reason") or "stopped_by_host"
+        return json_response(await runner.stop_call(session_id, reason=reason, grace_ms=grace_ms))
+
+    return app

@@ -1,0 +1,431 @@
+"""The runner's calls: capacity, draining, and each call's lifecycle.
+
+A call is one Trio nursery that owns its transport session, its agent's
+conversation and its stop timer. Its record is written under its own producer
+(the session id): ``curb.started`` first, ``curb.ended`` always last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from journal import Journal, now_ms
+
+from .config import Config, Mode
+from .errors import (
+    GenerationMismatch,
+    RunnerAtCapacity,
+    RunnerDraining,
+    RunnerTakesNoCalls,
+    SessionNotFound,
+    StartFailed,
+)
+from .lifecycle import emit_lifecycle
+from .transports import (
+    CallTarget,
+    Disconnected,
+    ParticipantLeft,
+    Transport,
+    TransportError,
+    TransportEvent,
+    TransportSession,
+)
+from .wire import (
+    PROTOCOL_VERSION,
+    Direction,
+    LifecycleDraining,
+    LiveCall,
+    RunnerStatus,
+    StartCallRequest,
+    State,
+    StopCallResponse,
+    encode,
+)
+
+log = logging.getLogger("runner.calls")
+
+KEEP_JSON_BYTES = 4096
+START_TIMEOUT_S = 15.0
+END_REASON_CRASHED = "runner_crashed"
+
+
+def keep_json(value: Any) -> tuple[Any, bool]:
+    """The record's copy of a payload: as sent up to 4 KiB of JSON, else its first 4 KiB as text."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    data = text.encode()
+    if len(data) <= KEEP_JSON_BYTES:
+        return value, False
+    return data[:KEEP_JSON_BYTES].decode(errors="ignore"), True
+
+
+@attrs.frozen(kw_only=True)
+class CallContext:
+    """What the call was started with, as the agent reads it before its session starts."""
+
+    session_id: str
+    direction: Direction
+    client: Mapping[str, str]
+    experiments: Mapping[str, str]
+    deployment_id: str | None = None
+    configuration_version: int | None = None
+
+
+class CallRecord:
+    """Writes one call's records: its producer is the session id."""
+
+    def __init__(self, journal: Journal, session_id: str) -> None:
+        self.journal = journal
+        self.session_id = session_id
+
+    async def event(self, name: str, payload: Mapping[str, Any], *, closes: bool = False) -> None:
+        """A conversation event: ``{type:"event", seq, at, name, payload}``."""
+        await self.journal.append(
+            self.session_id,
+            "conversation",
+            {"type": "event", "name": name, "payload": dict(payload)},
+            stamp=True,
+            closes=closes,
+        )
+
+    async def write(self, cls: str, body: Mapping[str, Any]) -> int:
+        """Any other record of this call (turns, host records); returns its seq."""
+        record = await self.journal.append(self.session_id, cls, body, stamp=True)
+        return record.seq
+
+
+class Conversation(Protocol):
+    """The agent's side of one call, run by the call once its transport is connected."""
+
+    async def run(
+        self, session: TransportSession, events: trio.MemoryReceiveChannel[TransportEvent]
+    ) -> None:
+        """Converse over ``session``, taking the caller's ``events``, until cancelled."""
+        ...
+
+    async def finish_utterance(self) -> None:
+        """Take no new turns; return once the agent stopped speaking."""
+        ...
+
+
+ConversationFactory = Callable[[CallContext, CallRecord], Conversation]
+
+
+class Call:
+    """One call. Created and run by :class:`Runner`."""
+
+    def __init__(
+        self,
+        start: StartCallRequest,
+        *,
+        transport: Transport,
+        record: CallRecord,
+        context: CallContext,
+        conversation_factory: ConversationFactory | None,
+    ) -> None:
+        self.session_id = start.session_id
+        self.start = start
+        self.started_at_ms = now_ms()
+        self.state: State = "starting"
+        self.context = context
+        self.record = record
+        self.session: TransportSession | None = None
+        self.conversation: Conversation | None = None
+        self._transport = transport
+        self._conversation_factory = conversation_factory
+        self._start_outcome = trio.Event()
+        self._start_error: str | None = None
+        self._stop_requested = trio.Event()
+        self._stop_reason = "stopped"
+        self._grace_ms = 0
+        self._ended = trio.Event()
+        self.connected = trio.Event()
+
+    def live(self) -> LiveCall:
+        return LiveCall(session_id=self.session_id, state=self.state, started_at_ms=self.started_at_ms)
+
+    def stop_nowait(self, reason: str, grace_ms: int = 0) -> None:
+        """Ask the call to end: the agent may finish its utterance within ``grace_ms``."""
+        if not self._stop_requested.is_set():
+            self._stop_reason = reason
+            self._grace_ms = grace_ms
+            self._stop_requested.set()
+
+    async def wait_started(self) -> str | None:
+        """Wait for the join; return None once connected, else why it failed."""
+        await self._start_outcome.wait()
+        return self._start_error
+
+    async def wait_ended(self) -> None:
+        await self._ended.wait()
+
+    async def run(self) -> None:
+        """The call's whole life. Always ends with ``curb.ended``."""
+        reason = "ended"
+        try:
+            await self.record.event("curb.started", self._started_payload())
+            reason = await self._run_connected()
+        except Exception as exc:
+            log.exception("call %s failed", self.session_id)
+            reason = f"failed: {type(exc).__name__}"
+            raise
+        finally:
+            self.state = "ended"
+            self._start_outcome.set()
+            with trio.CancelScope(shield=True):
+                await self.record.event("curb.ended", {"reason": reason}, closes=True)
+            self._ended.set()
+
+    def _started_payload(self) -> dict[str, Any]:
+        start = self.start
+        payload: dict[str, Any] = {
+            "clientContext": dict(start.client_context or {}),
+            "direction": start.direction,
+            "experiments": dict(self.context.experiments),
+            "transport": self._transport.name,
+        }
+        if start.deployment_id is not None:
+            payload["deploymentId"] = start.deployment_id
+        if start.configuration_version is not None:
+            payload["configurationVersion"] = start.configuration_version
+        return payload
+
+    async def _run_connected(self) -> str:
+        target = CallTarget(session_id=self.session_id, url=self.start.realtime_url, token=self.start.realtime_token)
+        try:
+            with trio.fail_after(START_TIMEOUT_S):
+                manager = self._transport.open_session(target)
+                session = await manager.__aenter__()
+        except (TransportError, trio.TooSlowError) as exc:
+            detail = str(exc) or "the transport did not connect in time"
+            self._start_error = detail
+            return f"start_failed: {detail}"
+        try:
+            self.session = session
+            if self._conversation_factory is not None:
+                self.conversation = self._conversation_factory(self.context, self.record)
+            self.state = "connected"
+            self.connected.set()
+            self._start_outcome.set()
+            return await self._converse(session)
+        finally:
+            with trio.CancelScope(shield=True):
+                await manager.__aexit__(None, None, None)
+
+    async def _converse(self, session: TransportSession) -> str:
+        # The call reads the transport's events: it ends itself when the room is
+        # gone, and hands everything else to the conversation.
+        send, receive = trio.open_memory_channel[TransportEvent](math.inf)
+        async with trio.open_nursery() as nursery:
+            if self.conversation is not None:
+                nursery.start_soon(self.conversation.run, session, receive)
+            nursery.start_soon(self._pump_events, session, send)
+            await self._stop_requested.wait()
+            self.state = "ending"
+            if self.conversation is not None:
+                with trio.move_on_after(self._grace_ms / 1000):
+                    await self.conversation.finish_utterance()
+            nursery.cancel_scope.cancel()
+        return self._stop_reason
+
+    async def _pump_events(
+        self, session: TransportSession, send: trio.MemorySendChannel[TransportEvent]
+    ) -> None:
+        async with send:
+            async for event in session.events:
+                if isinstance(event, Disconnected):
+                    self.stop_nowait(f"disconnected: {event.reason}")
+                    return
+                if isinstance(event, ParticipantLeft) and event.kind in ("caller", "sip"):
+                    self.stop_nowait("caller_left")
+                send.send_nowait(event)
+        self.stop_nowait("transport_closed")
+
+
+class Runner:
+    """The calls one runner process holds.
+
+    Args:
+        config: Capacity and generation.
+        journal: Where every call's record goes.
+        transports: Tried in order; the first that handles a call's URL joins it.
+        conversation_factory: Makes the agent's side of each call.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        journal: Journal,
+        *,
+        transports: Sequence[Transport],
+        conversation_factory: ConversationFactory | None,
+        experiment_chooser: Callable[[StartCallRequest], Mapping[str, str]] | None = None,
+    ) -> None:
+        self.config = config
+        self.journal = journal
+        self.transports = list(transports)
+        self.calls: dict[str, Call] = {}
+        self.draining = False
+        self._conversation_factory = conversation_factory
+        self._experiment_chooser = experiment_chooser
+        self._nursery: trio.Nursery | None = None
+        self._drain_requested = trio.Event()
+        self._drained = trio.Event()
+        self.drain_reason = "drain_request"
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @property
+    def mode(self) -> Mode:
+        return self.config.mode
+
+    def require_managed(self) -> None:
+        """Routes that place or retire calls exist only on a managed runner."""
+        if self.mode != "managed":
+            raise RunnerTakesNoCalls(f"a {self.mode} runner takes no calls from a host")
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the calls' nursery until the runner drained. Every call ends before this returns."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._drain_requested.wait()
+            self.draining = True
+            await emit_lifecycle(
+                self.journal,
+                LifecycleDraining(reason=self.drain_reason, active_sessions=len(self.calls)),  # type: ignore[arg-type]
+            )
+            with trio.move_on_after(self.config.drain_grace_ms / 1000):
+                await self._idle.wait()
+            for call in list(self.calls.values()):
+                call.stop_nowait("runner_draining", grace_ms=min(self.config.drain_grace_ms, 5000))
+            await self._idle.wait()
+        self._drained.set()
+
+    async def wait_drained(self) -> None:
+        """Wait until the runner drained and its last call ended."""
+        await self._drained.wait()
+
+    def drain_nowait(self, reason: str) -> None:
+        """Take no new calls, let those in progress finish, then let :meth:`serve` return."""
+        if not self._drain_requested.is_set():
+            self.drain_reason = reason
+            self.draining = True
+            self._drain_requested.set()
+
+    def status(self) -> RunnerStatus:
+        return RunnerStatus(
+            protocol_version=PROTOCOL_VERSION,
+            deployment_id=self.config.deployment_id,
+            configuration_version=self.config.configuration_version,
+            max_sessions=self.config.max_sessions,
+            active_sessions=len(self.calls),
+            draining=self.draining,
+            sessions=[call.live() for call in self.calls.values()],
+        )
+
+    def get(self, session_id: str) -> Call:
+        call = self.calls.get(session_id)
+        if call is None:
+            raise SessionNotFound(f"no call {session_id!r} on this runner")
+        return call
+
+    def _check_generation(self, start: StartCallRequest) -> None:
+        config = self.config
+        if config.deployment_id is not None and start.deployment_id is not None:
+            if config.deployment_id != start.deployment_id:
+                raise GenerationMismatch(
+                    f"this runner serves deployment {config.deployment_id!r}, not {start.deployment_id!r}"
+                )
+        if config.configuration_version is not None and start.configuration_version is not None:
+            if config.configuration_version != start.configuration_version:
+                raise GenerationMismatch(
+                    f"this runner serves configuration version {config.configuration_version},"
+                    f" not {start.configuration_version}"
+                )
+
+    def _transport_for(self, url: str) -> Transport:
+        for transport in self.transports:
+            if transport.handles(url):
+                return transport
+        raise StartFailed(f"no transport on this runner joins {url.split(':', 1)[0]!r} URLs")
+
+    async def start_call(self, start: StartCallRequest) -> tuple[Call, bool]:
+        """Place a call; answer once it connected. A repeat returns ``(call, False)``.
+
+        Raises:
+            RunnerDraining, GenerationMismatch, RunnerAtCapacity, StartFailed.
+        """
+        # Everything up to registering the call runs without a checkpoint, so two
+        # concurrent starts of one session id cannot both pass the checks.
+        if self.draining:
+            raise RunnerDraining("this runner is draining; place the call on another runner")
+        self._check_generation(start)
+        existing = self.calls.get(start.session_id)
+        if existing is not None:
+            return existing, False
+        if len(self.calls) >= self.config.max_sessions:
+            raise RunnerAtCapacity(f"this runner holds {len(self.calls)} of {self.config.max_sessions} calls")
+        transport = self._transport_for(start.realtime_url)
+        assert self._nursery is not None, "Runner.serve is not running"
+        experiments = dict(start.experiments or {})
+        if self._experiment_chooser is not None:
+            experiments = dict(self._experiment_chooser(start))
+        context = CallContext(
+            session_id=start.session_id,
+            direction=start.direction,
+            client=dict(start.client_context or {}),
+            experiments=experiments,
+            deployment_id=start.deployment_id,
+            configuration_version=start.configuration_version,
+        )
+        call = Call(
+            start,
+            transport=transport,
+            record=CallRecord(self.journal, start.session_id),
+            context=context,
+            conversation_factory=self._conversation_factory,
+        )
+        self.calls[call.session_id] = call
+        self._idle = trio.Event()
+        self._nursery.start_soon(self._run_call, call)
+        error = await call.wait_started()
+        if error is not None:
+            await call.wait_ended()
+            raise StartFailed(error)
+        return call, True
+
+    async def _run_call(self, call: Call) -> None:
+        try:
+            await call.run()
+        except Exception:
+            pass  # logged by the call; one call's failure never takes the runner down
+        finally:
+            del self.calls[call.session_id]
+            if not self.calls:
+                self._idle.set()
+
+    async def stop_call(self, session_id: str, *, reason: str, grace_ms: int) -> StopCallResponse:
+        """End a call with ``reason``; answer once it ended. Stopping an unknown call is no error."""
+        call = self.calls.get(session_id)
+        if call is None:
+            return StopCallResponse(session_id=session_id, stopped=False)
+        call.stop_nowait(reason, grace_ms)
+        await call.wait_ended()
+        return StopCallResponse(session_id=session_id, stopped=True)
+
+
+async def close_open_calls(journal: Journal) -> list[str]:
+    """End the record of every call a crash left open, so no conversation stays truncated."""
+    open_calls = await journal.open_producers(exclude=["runner"])
+    for session_id in open_calls:
+        await CallRecord(journal, session_id).event(
+            "curb.ended", {"reason": END_REASON_CRASHED}, closes=True
+        )
+    return open_calls

@@ -1,0 +1,127 @@
+"""The ``runner`` command: serve, join, dev, console, replay."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+
+import trio
+
+from .config import DEFAULT_ADDRESS, Config
+from .transports.loopback import LoopbackTransport
+from .wire import StartCallRequest
+
+_STARTED_AT = time.monotonic()
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("agent", nargs="?", help="the agent: a module or module:attr (default: the built-in example)")
+    parser.add_argument("--address", help=f"management listener HOST:PORT (default {DEFAULT_ADDRESS}; port 0 picks one)")
+    parser.add_argument("--journal", help="the journal file (default ./runner-journal.db)")
+    parser.add_argument("--retention", type=int, help="records the journal keeps (default 4096)")
+    parser.add_argument("--heartbeat-ms", type=int, help="ping interval of an idle events stream (default 15000)")
+    parser.add_argument("--drain-grace-ms", type=int, help="how long a drain lets calls run before it stops them")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runner", description="A self-hosted runner for real-time voice agents.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="a managed runner: a host places calls over the management API")
+    _add_common(serve)
+    serve.add_argument("--max-sessions", type=int, help="calls held at once (default 1)")
+    serve.add_argument("--deployment-id", help="refuse calls for another deployment")
+    serve.add_argument("--configuration-version", type=int, help="refuse calls for another configuration")
+
+    join = sub.add_parser("join", help="a direct-join runner: handed its one call at start")
+    _add_common(join)
+    join.add_argument("--url", required=True, help="the realtime URL of the call")
+    join.add_argument("--token", required=True, help="the realtime token of the call")
+    join.add_argument("--session-id", help="the call's session id (default: a random one)")
+
+    dev = sub.add_parser("dev", help="one local call over the loopback transport, with the management port")
+    _add_common(dev)
+
+    replay = sub.add_parser("replay", help="print a journal's records, live or after the fact")
+    replay.add_argument("--from", dest="from_", type=int, default=0, help="exclusive cursor (default 0: all retained)")
+    replay.add_argument("--journal", default="runner-journal.db")
+    replay.add_argument("--producer")
+    replay.add_argument("--class", dest="cls")
+    replay.add_argument("--follow", action="store_true", help="keep printing new records")
+    replay.add_argument("--json", action="store_true", help="lines identical to the events stream's")
+    return parser
+
+
+def _config(args: argparse.Namespace, mode: str) -> Config:
+    return Config.from_env(
+        mode=mode,
+        address=args.address,
+        journal_path=args.journal,
+        retention_records=args.retention,
+        heartbeat_ms=args.heartbeat_ms,
+        drain_grace_ms=args.drain_grace_ms,
+        max_sessions=getattr(args, "max_sessions", None),
+        deployment_id=getattr(args, "deployment_id", None),
+        configuration_version=getattr(args, "configuration_version", None),
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .runtime import resolve_token, serve_runner
+
+    mode = {"serve": "managed", "join": "direct-join", "dev": "dev"}[args.command]
+    try:
+        config = _config(args, mode)
+    except ValueError as exc:
+        print(f"runner: {exc}", file=sys.stderr)
+        return 2
+    token = resolve_token(config)
+    loopback = LoopbackTransport()
+    join = None
+    if args.command == "join":
+        join = StartCallRequest(
+            session_id=args.session_id or f"join-{secrets.token_hex(6)}",
+            realtime_url=args.url,
+            realtime_token=args.token,
+        )
+    elif args.command == "dev":
+        join = StartCallRequest(session_id="dev", realtime_url="loopback://dev", realtime_token="dev")
+    outcome = trio.run(
+        lambda: serve_runner(
+            config,
+            token=token,
+            transports=[loopback],
+            conversation_factory=None,
+            join=join,
+            started_at=_STARTED_AT,
+        )
+    )
+    return outcome.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``runner`` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
+    if args.command == "replay":
+        from .replay import replay
+
+        return replay(
+            args.journal, after=args.from_, producer=args.producer, cls=args.cls, follow=args.follow, as_json=args.json
+        )
+    try:
+        return _serve(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        # A warmup failure: no ready line, a non-zero exit, and the cause on stderr.
+        logging.getLogger("runner").error("the runner failed: %s", exc, exc_info=exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

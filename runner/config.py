@@ -1,0 +1,72 @@
+"""The runner's configuration: one attrs class of typed defaults, units in the names."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import attrs
+
+Mode = Literal["managed", "direct-join", "dev"]
+
+DEFAULT_ADDRESS = "127.0.0.1:7071"
+DEFAULT_PUBLIC_ADDRESS = "127.0.0.1:7080"
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``[::1]:PORT``) as a host and a port; raises ValueError."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """Everything a runner is started with. Secrets come from the environment only."""
+
+    mode: Mode = "managed"
+    address: str = DEFAULT_ADDRESS
+    public_address: str = DEFAULT_PUBLIC_ADDRESS
+    journal_path: Path = Path("runner-journal.db")
+    retention_records: int = 4096
+    max_sessions: int = 1
+    deployment_id: str | None = None
+    configuration_version: int | None = None
+    heartbeat_ms: int = 15_000
+    token_file: Path | None = None
+    drain_grace_ms: int = 60_000
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
+        """Defaults, then ``CURB_*`` environment variables, then explicit ``overrides``."""
+        values: dict[str, object] = {}
+        env = {
+            "address": "CURB_ADDRESS",
+            "public_address": "CURB_PUBLIC_ADDRESS",
+            "journal_path": "CURB_JOURNAL",
+            "retention_records": "CURB_RETENTION",
+            "max_sessions": "CURB_MAX_SESSIONS",
+            "deployment_id": "CURB_DEPLOYMENT_ID",
+            "configuration_version": "CURB_CONFIGURATION_VERSION",
+            "heartbeat_ms": "CURB_HEARTBEAT_MS",
+        }
+        for field, name in env.items():
+            if environ.get(name):
+                values[field] = environ[name]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        for field in ("retention_records", "max_sessions", "configuration_version", "heartbeat_ms"):
+            if field in values:
+                values[field] = int(str(values[field]))
+        if "journal_path" in values:
+            values["journal_path"] = Path(str(values["journal_path"]))
+        config = cls(**values)  # type: ignore[arg-type]
+        parse_address(config.address)
+        parse_address(config.public_address)
+        if config.retention_records < 1 or config.max_sessions < 1:
+            raise ValueError("retention and max sessions must be at least 1")
+        if config.configuration_version is not None and config.configuration_version < 1:
+            raise ValueError("configuration version must be a positive integer")
+        return config

@@ -1,0 +1,154 @@
+"""Domain errors, each carrying its HTTP status and wire code; one handler renders them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .wire import PROTOCOL_VERSIONS, ErrorBody, Issue
+
+
+class RunnerError(Exception):
+    """Base of every error the host protocol names. Subclasses set ``status`` and ``code``."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__(detail or self.code)
+        self.detail = detail
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.code, detail=self.detail)
+
+
+class Unauthorized(RunnerError):
+    status = 401
+    code = "unauthorized"
+
+    def body(self) -> ErrorBody:
+        # An unauthenticated caller learns nothing, not even prose.
+        return ErrorBody(error=self.code)
+
+
+class UnknownVersion(RunnerError):
+    status = 404
+    code = "unknown_version"
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.code, detail=self.detail, versions=list(PROTOCOL_VERSIONS))
+
+
+class NotFound(RunnerError):
+    status = 404
+    code = "not_found"
+
+
+class InvalidRequest(RunnerError):
+    status = 400
+    code = "invalid_request"
+
+    def __init__(self, detail: str | None = None, issues: Sequence[Issue] | None = None) -> None:
+        super().__init__(detail)
+        self.issues = list(issues) if issues else None
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.code, detail=self.detail, issues=self.issues)
+
+
+class SessionNotFound(RunnerError):
+    status = 404
+    code = "session_not_found"
+
+
+class RunnerAtCapacity(RunnerError):
+    status = 409
+    code = "runner_at_capacity"
+
+
+class GenerationMismatch(RunnerError):
+    status = 409
+    code = "generation_mismatch"
+
+
+class RunnerDraining(RunnerError):
+    status = 503
+    code = "runner_draining"
+
+
+class StartFailed(RunnerError):
+    """The runner could not start the call at all (its transport or agent failed to start)."""
+
+    status = 502
+    code = "start_failed"
+
+
+class RunnerTakesNoCalls(RunnerError):
+    status = 501
+    code = "runner_takes_no_calls"
+
+
+class CursorTooOld(RunnerError):
+    status = 410
+    code = "cursor_too_old"
+
+    def __init__(self, requested: int, oldest_retained: int, detail: str | None = None) -> None:
+        super().__init__(detail)
+        self.requested = requested
+        self.oldest_retained = oldest_retained
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(
+            error=self.code,
+            detail=self.detail,
+            requested=self.requested,
+            oldest_retained=self.oldest_retained,
+        )
+
+
+class NoJournal(RunnerError):
+    status = 404
+    code = "no_journal"
+
+
+class Internal(RunnerError):
+    status = 500
+    code = "internal"
+
+
+class _Refusal(RunnerError):
+    status = 422
+
+    def __init__(self, detail: str | None = None, issues: Sequence[Issue] | None = None) -> None:
+        super().__init__(detail)
+        self.issues = list(issues) if issues else None
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.code, detail=self.detail, issues=self.issues)
+
+
+class NoHandler(_Refusal):
+    code = "no_handler"
+
+
+class InvalidPayload(_Refusal):
+    code = "invalid_payload"
+
+
+class HandlerFailed(_Refusal):
+    code = "handler_failed"
+
+
+class InvalidSettings(_Refusal):
+    code = "invalid_settings"
+
+
+class NotAdjustable(RunnerError):
+    status = 403
+    code = "not_adjustable"
+
+    def __init__(self, path: str, detail: str | None = None) -> None:
+        super().__init__(detail or f"{path} is not adjustable")
+        self.path = path
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.code, detail=self.detail, path=self.path)

@@ -1,0 +1,182 @@
+"""One runner process: journal, calls, management listener, signals, lifecycle.
+
+The order is the contract: the journal is open and crashed calls are closed
+before anything listens; ``ready`` is printed only once the listener is bound;
+``ended`` is written before the listener closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from journal import open_journal
+
+from .api import create_management_app
+from .calls import ConversationFactory, Runner, close_open_calls
+from .config import Config
+from .errors import RunnerError
+from .lifecycle import emit_lifecycle
+from .transports import Transport
+from .wire import LifecycleEnded, LifecycleReady, LifecycleRecovered, StartCallRequest
+
+log = logging.getLogger("runner")
+
+TOKEN_ENV = "CURB_MANAGEMENT_TOKEN"
+_SHUTDOWN_GRACE_S = 5.0
+
+
+def resolve_token(config: Config, environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """The management token: from the environment, else one made for this journal.
+
+    A made token is kept in a file only this user can read, beside the journal,
+    so a first run needs no set-up and a restart keeps the same token. The token
+    itself is never printed.
+    """
+    token = environ.get(TOKEN_ENV)
+    if token:
+        return token
+    path = config.token_file or Path(f"{config.journal_path}.token")
+    if path.exists():
+        token = path.read_text(encoding="utf-8").strip()
+    if not token:
+        token = secrets.token_urlsafe(32)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(token + "\n")
+    os.chmod(path, 0o600)
+    print(f"runner: {TOKEN_ENV} is not set; the management token is in {path}", file=sys.stderr)
+    return token
+
+
+def _hypercorn_config(address: str) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [address]
+    config.accesslog = None
+    # Through our logging (stderr), not a second handler of hypercorn's own.
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = _SHUTDOWN_GRACE_S
+    return config
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """How the runner ended: ``exit_code`` for the process."""
+
+    exit_code: int
+    reason: str
+
+
+async def _watch_signals(runner: Runner, scope: trio.CancelScope) -> None:
+    with scope, trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if runner.draining:
+                # A second signal: the operator wants out now.
+                print(f"runner: second {name}; exiting at once", file=sys.stderr)
+                sys.stdout.flush()
+                os._exit(128 + signum)
+            runner.drain_nowait(name)
+
+
+async def serve_runner(
+    config: Config,
+    *,
+    token: str,
+    transports: Sequence[Transport],
+    conversation_factory: ConversationFactory | None,
+    join: StartCallRequest | None = None,
+    handle_signals: bool = True,
+    started_at: float | None = None,
+    task_status: trio.TaskStatus[tuple[str, Runner]] = trio.TASK_STATUS_IGNORED,
+) -> Outcome:
+    """Run one runner until it drained; return how it ended.
+
+    Args:
+        config: Addresses, capacity, journal, retention.
+        token: The management bearer token.
+        transports: How calls reach their callers.
+        conversation_factory: The agent's side of each call.
+        join: A direct-join runner's one call, started once ready.
+        handle_signals: Drain on SIGTERM/SIGINT (off when embedded in tests).
+        started_at: ``time.monotonic()`` when the process started, for ``warmupMs``.
+        task_status: Started with the bound address and the runner, once ready.
+    """
+    started_at = time.monotonic() if started_at is None else started_at
+    exit_code = 0
+    async with open_journal(config.journal_path, retention_records=config.retention_records) as journal:
+        closed = await close_open_calls(journal)
+        if closed:
+            await emit_lifecycle(journal, LifecycleRecovered(closed_sessions=closed))
+        runner = Runner(
+            config, journal, transports=transports, conversation_factory=conversation_factory
+        )
+        closing = trio.Event()
+        shutdown = trio.Event()
+        app = create_management_app(
+            runner, journal, token=token, heartbeat_ms=config.heartbeat_ms, closing=closing
+        )
+        joined_ok = True
+
+        async def run_joined_call() -> None:
+            # A direct-join runner's one call: when it ends, the runner ends.
+            nonlocal joined_ok
+            assert join is not None
+            try:
+                call, _ = await runner.start_call(join)
+                await call.wait_ended()
+            except RunnerError as exc:
+                log.error("the joined call did not start: %s", exc.detail)
+                joined_ok = False
+            runner.drain_nowait("call_ended")
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(runner.serve)
+            http_done = trio.Event()
+
+            async def serve_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                await hypercorn_serve(
+                    app,
+                    _hypercorn_config(config.address),
+                    shutdown_trigger=shutdown.wait,
+                    task_status=task_status,
+                )
+                http_done.set()
+
+            binds = await nursery.start(serve_http)
+            address = binds[0].split("://", 1)[-1]
+            warmup_ms = int((time.monotonic() - started_at) * 1000)
+            await emit_lifecycle(
+                journal,
+                LifecycleReady(address=address, max_sessions=config.max_sessions, warmup_ms=warmup_ms),
+            )
+            signal_scope = trio.CancelScope()
+            if handle_signals:
+                nursery.start_soon(_watch_signals, runner, signal_scope)
+            task_status.started((address, runner))
+            if join is not None:
+                nursery.start_soon(run_joined_call)
+            await runner.wait_drained()
+            reason = f"drained: {runner.drain_reason}"
+            if not joined_ok:
+                exit_code, reason = 1, "start_failed"
+            await emit_lifecycle(journal, LifecycleEnded(reason=reason))
+            # Streams send what is left (ended included), then the listener closes.
+            closing.set()
+            shutdown.set()
+            await http_done.wait()
+            signal_scope.cancel()
+    return Outcome(exit_code=exit_code, reason=reason)

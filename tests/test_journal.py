@@ -1,0 +1,135 @@
+"""The journal on a real SQLite file: order, durability, retention, following."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import trio
+
+from journal import CursorAhead, CursorTooOld, JournalFile, open_journal
+
+
+async def test_concurrent_appends_are_gapless_and_seq_is_per_producer(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        async with trio.open_nursery() as nursery:
+            for i in range(100):
+
+                async def append(i: int = i) -> None:
+                    for k in range(5):
+                        await journal.append(f"p{i % 7}", "conversation", {"i": i, "k": k})
+
+                nursery.start_soon(append)
+        assert journal.head == 500
+        got = await journal.read(0, 1000)
+    assert [r.envelope for r in got] == list(range(1, 501))
+    for producer in {r.producer for r in got}:
+        seqs = [r.seq for r in got if r.producer == producer]
+        assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_append_returns_only_once_committed(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path) as journal:
+        record = await journal.append("runner", "lifecycle", {"event": "ready"})
+        # Another connection (another process, as far as SQLite knows) sees it.
+        other = sqlite3.connect(path)
+        row = other.execute("SELECT producer, seq, body FROM records WHERE envelope = ?", (record.envelope,)).fetchone()
+        other.close()
+    assert row == ("runner", 1, '{"event":"ready"}')
+
+
+async def test_seq_and_envelope_continue_across_reopen_and_pruning(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path, retention_records=3) as journal:
+        for _ in range(5):
+            await journal.append("a", "c", {})
+        assert (await journal.window()).oldest == 3
+    async with open_journal(path, retention_records=3) as journal:
+        record = await journal.append("a", "c", {})
+        window = await journal.window()
+    assert (record.envelope, record.seq) == (6, 6)
+    assert (window.oldest, window.head) == (4, 6)
+
+
+async def test_retention_keeps_the_newest_records(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db", retention_records=10) as journal:
+        for i in range(25):
+            await journal.append("p", "c", {"i": i})
+        got = await journal.read(0, 100)
+    assert [r.body["i"] for r in got] == list(range(15, 25))
+
+
+async def test_cursor_checks(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db", retention_records=5) as journal:
+        for _ in range(10):
+            await journal.append("p", "c", {})
+        await journal.check_cursor(0)  # everything still held
+        await journal.check_cursor(5)  # the record after it, 6, is the oldest
+        await journal.check_cursor(10)  # at the head: follow from now
+        with pytest.raises(CursorTooOld) as too_old:
+            await journal.check_cursor(4)
+        assert (too_old.value.requested, too_old.value.oldest_retained) == (4, 6)
+        with pytest.raises(CursorAhead):
+            await journal.check_cursor(11)
+        with pytest.raises(CursorTooOld):
+            await journal.read_lines(2)
+
+
+async def test_a_follower_wakes_on_commit_without_polling(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        seen: list[int] = []
+
+        async def follow() -> None:
+            cursor = 0
+            while len(seen) < 3:
+                await journal.wait_past(cursor)
+                rows = await journal.read_lines(cursor)
+                seen.extend(envelope for envelope, _ in rows)
+                cursor = seen[-1]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            await trio.sleep(3600)  # the follower waits; with the autojump clock, no poll could hide
+            assert seen == []
+            for _ in range(3):
+                await journal.append("p", "c", {})
+    assert seen == [1, 2, 3]
+
+
+async def test_stream_lines_are_the_wire_records(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        await journal.append("call-1", "host", {"type": "host", "id": "a-1", "name": "x", "payload": {"q": "é"}}, stamp=True)
+        ((envelope, line),) = await journal.read_lines(0)
+    assert envelope == 1
+    import json
+
+    record = json.loads(line)
+    assert list(record) == ["envelope", "producer", "seq", "class", "at", "body"]
+    assert list(record["body"]) == ["type", "seq", "at", "id", "name", "payload"]
+    assert record["body"]["seq"] == record["seq"] == 1
+    assert record["body"]["at"] == record["at"]
+    assert record["body"]["payload"] == {"q": "é"}
+
+
+async def test_open_producers_are_those_without_a_closing_record(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path) as journal:
+        await journal.append("a", "c", {})
+        await journal.append("b", "c", {})
+        await journal.append("b", "c", {"end": True}, closes=True)
+        await journal.append("runner", "lifecycle", {})
+    async with open_journal(path) as journal:
+        assert await journal.open_producers(exclude=["runner"]) == ["a"]
+
+
+async def test_journal_file_reads_beside_a_writer(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path) as journal:
+        await journal.append("p", "c", {"n": 1})
+        reader = JournalFile(path)
+        assert [r.body for r in reader.read(0)] == [{"n": 1}]
+        await journal.append("p", "c", {"n": 2})
+        assert [r.body for r in reader.read(1)] == [{"n": 2}]
+        reader.close()
