@@ -1,0 +1,67 @@
+"""Fixtures for tests against a real livekit-server in a private network namespace.
+
+``livekit`` (per test) is an lk_harness.LiveKitEnv: server URL, API key and
+secret, tokens, ``popen``/``open_process`` to run programs inside the
+namespace, and ``peer()`` for participant processes. The server itself is
+started once per session. Tests using it carry ``@pytest.mark.livekit``.
+
+A missing binary is a failure, not a skip: run .ci/install-livekit-server.
+
+This directory is deliberately not a package (no __init__.py): ``livekit`` is
+the SDK's namespace package, and a ``tests/livekit/__init__.py`` would shadow
+it whenever ``tests/`` lands on sys.path. Its modules are imported by their own
+names (lk_harness, lk_peer), from this directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # e.g. under --import-mode=importlib
+    sys.path.insert(0, _HERE)
+
+from lk_harness import (  # noqa: E402
+    INSTALL_HINT,
+    HarnessError,
+    LiveKitEnv,
+    LiveKitServer,
+    find_livekit_server,
+)
+
+
+@pytest.fixture(scope="session")
+def livekit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKitServer]:
+    binary = find_livekit_server()
+    if binary is None:
+        pytest.fail(f"livekit-server binary not found; {INSTALL_HINT}", pytrace=False)
+    if os.geteuid() != 0:
+        pytest.fail("the LiveKit tests make a network namespace and must run as root", pytrace=False)
+    server = LiveKitServer(binary, tmp_path_factory.mktemp("livekit-server"))
+    try:
+        server.start()
+    except HarnessError as exc:
+        server.stop()
+        pytest.fail(f"could not start livekit-server: {exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def livekit(livekit_server: LiveKitServer, tmp_path) -> AsyncIterator[LiveKitEnv]:
+    if not livekit_server.alive():
+        pytest.fail(f"livekit-server is not running:\n{livekit_server.log_tail()}", pytrace=False)
+    env = LiveKitEnv(livekit_server, tmp_path)
+    try:
+        yield env
+    finally:
+        await env.aclose()
+    if not livekit_server.alive():
+        pytest.fail(f"livekit-server died during the test:\n{livekit_server.log_tail()}", pytrace=False)
