@@ -48,11 +48,11 @@ class Record:
         body: The JSON object.
     """
 
-    envelope: int
-    producer: str
-    seq: int
-    cls: str
-    at: int
+    envelope: int = attrs.field(validator=attrs.validators.ge(1))
+    producer: str = attrs.field(validator=attrs.validators.min_len(1))
+    seq: int = attrs.field(validator=attrs.validators.ge(1))
+    cls: str = attrs.field(validator=attrs.validators.min_len(1))
+    at: int = attrs.field(validator=attrs.validators.ge(0))
     body: Mapping[str, Any]
 
     @classmethod

@@ -7,12 +7,14 @@ and unknown fields are ignored, as the protocol asks. Pure: no Trio, no Quart.
 
 from __future__ import annotations
 
-import re
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 import attrs
 import cattrs
+from cattrs.cols import list_structure_factory
 from cattrs.errors import AttributeValidationNote, IterableValidationNote
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
@@ -45,6 +47,22 @@ def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
         raise FieldError(attribute.name, "must be a positive integer")
 
 
+def _at_least(low: int) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None and value < low:
+            raise FieldError(attribute.name, f"must be at least {low}")
+
+    return check
+
+
+def _equals(expected: Any) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value != expected or type(value) is not type(expected):
+            raise FieldError(attribute.name, f"must be {expected!r}")
+
+    return check
+
+
 def _length(low: int, high: int) -> Any:
     def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value is not None and not low <= len(value) <= high:
@@ -56,11 +74,33 @@ def _length(low: int, high: int) -> Any:
 # -- Health and errors ---------------------------------------------------------------------
 
 
+ErrorCode = Literal[
+    "unauthorized",
+    "unknown_version",
+    "not_found",
+    "invalid_request",
+    "session_not_found",
+    "runner_at_capacity",
+    "generation_mismatch",
+    "runner_draining",
+    "start_failed",
+    "runner_takes_no_calls",
+    "cursor_too_old",
+    "no_journal",
+    "internal",
+    "no_handler",
+    "invalid_payload",
+    "handler_failed",
+    "not_adjustable",
+    "invalid_settings",
+]
+
+
 @attrs.frozen(kw_only=True)
 class Health:
-    ok: bool
-    protocol_version: int
-    versions: list[int]
+    ok: bool = attrs.field(validator=_equals(True))
+    protocol_version: int = attrs.field(validator=_equals(1))
+    versions: list[int] = attrs.field(validator=_length(1, 1 << 16))
 
 
 @attrs.frozen(kw_only=True)
@@ -75,13 +115,20 @@ class Issue:
 class ErrorBody:
     """Every non-2xx answer. Classify by ``error``; ``detail`` is prose."""
 
-    error: str
+    error: ErrorCode
     detail: str | None = None
     versions: list[int] | None = None
-    requested: int | None = None
-    oldest_retained: int | None = None
+    requested: int | None = attrs.field(default=None, validator=_at_least(0))
+    oldest_retained: int | None = attrs.field(default=None, validator=_at_least(1))
     path: str | None = None
     issues: list[Issue] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Heartbeat:
+    """An idle stream's keep-alive line: no envelope, never a cursor."""
+
+    ping: int = attrs.field(validator=_at_least(0))
 
 
 # -- Records -------------------------------------------------------------------------------
@@ -91,31 +138,31 @@ JournalRecord = Record
 
 @attrs.frozen(kw_only=True)
 class LifecycleReady:
-    event: Literal["ready"] = attrs.field(default="ready", init=False)
-    address: str
-    max_sessions: int
-    warmup_ms: int
+    event: Literal["ready"] = "ready"
+    address: str = attrs.field(validator=_non_empty)
+    max_sessions: int = attrs.field(validator=_at_least(1))
+    warmup_ms: int = attrs.field(validator=_at_least(0))
 
 
 @attrs.frozen(kw_only=True)
 class LifecycleDraining:
-    event: Literal["draining"] = attrs.field(default="draining", init=False)
+    event: Literal["draining"] = "draining"
     reason: Literal["SIGTERM", "SIGINT", "drain_request", "call_ended"]
-    active_sessions: int
+    active_sessions: int = attrs.field(validator=_at_least(0))
 
 
 @attrs.frozen(kw_only=True)
 class LifecycleEnded:
-    event: Literal["ended"] = attrs.field(default="ended", init=False)
-    reason: str
+    event: Literal["ended"] = "ended"
+    reason: str = attrs.field(validator=_non_empty)
 
 
 @attrs.frozen(kw_only=True)
 class LifecycleRecovered:
     """Written at start when a crash left calls whose record never ended."""
 
-    event: Literal["recovered"] = attrs.field(default="recovered", init=False)
-    closed_sessions: list[str]
+    event: Literal["recovered"] = "recovered"
+    closed_sessions: list[str] = attrs.field(validator=attrs.validators.deep_iterable(_non_empty))
 
 
 Lifecycle = LifecycleReady | LifecycleDraining | LifecycleEnded | LifecycleRecovered
@@ -139,16 +186,16 @@ class StartCallRequest:
 
 @attrs.frozen(kw_only=True)
 class LiveCall:
-    session_id: str
+    session_id: str = attrs.field(validator=_non_empty)
     state: State
-    started_at_ms: int
+    started_at_ms: int = attrs.field(validator=_at_least(0))
 
 
 @attrs.frozen(kw_only=True)
 class StartCallResponse:
     """The 202 answer to a start: ``accepted`` is false for an idempotent repeat."""
 
-    session_id: str
+    session_id: str = attrs.field(validator=_non_empty)
     accepted: bool
     call: LiveCall
 
@@ -157,24 +204,209 @@ class StartCallResponse:
 class StopCallResponse:
     """The 200 answer to a stop: ``stopped`` is false when the runner held no such call."""
 
-    session_id: str
+    session_id: str = attrs.field(validator=_non_empty)
     stopped: bool
 
 
 @attrs.frozen(kw_only=True)
 class RunnerStatus:
-    protocol_version: int
-    deployment_id: str | None = None
-    configuration_version: int | None = None
-    max_sessions: int
-    active_sessions: int
+    protocol_version: int = attrs.field(validator=_equals(1))
+    deployment_id: str | None = attrs.field(default=None, validator=_non_empty)
+    configuration_version: int | None = attrs.field(default=None, validator=_positive)
+    max_sessions: int = attrs.field(validator=_at_least(1))
+    active_sessions: int = attrs.field(validator=_at_least(0))
     draining: bool
     sessions: list[LiveCall]
+
+
+# -- Messages --------------------------------------------------------------------------------
+
+JSONObject = dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class HostMessage:
+    """``POST /v1/sessions/{id}/messages``: a keyed message from the host to the agent."""
+
+    id: str = attrs.field(validator=_length(1, 128))
+    name: str = attrs.field(validator=_length(1, 256))
+    payload: JSONObject
+    in_reply_to: str | None = attrs.field(default=None, validator=_length(1, 128))
+
+
+@attrs.frozen(kw_only=True)
+class HostMessageAccepted:
+    """The 202 answer: ``delivered`` is false when that id was already delivered."""
+
+    id: str = attrs.field(validator=_length(1, 128))
+    delivered: bool
+
+
+def _truncated_payload(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(instance.payload, str) and instance.truncated is not True:
+        raise FieldError("truncated", "must be true when the payload is kept as text")
+
+
+@attrs.frozen(kw_only=True)
+class HostRecordBody:
+    """The body of a ``host`` record: the agent's message to the host."""
+
+    type: Literal["host"] = "host"
+    seq: int = attrs.field(validator=_at_least(1))
+    at: int = attrs.field(validator=_at_least(0))
+    id: str
+    name: str = attrs.field(validator=_length(1, 256))
+    payload: JSONObject | str
+    expects_reply: bool
+    truncated: bool | None = attrs.field(default=None, validator=_truncated_payload)
+
+
+@attrs.frozen(kw_only=True)
+class ConversationEventBody:
+    """The body of a ``conversation`` record that is an event."""
+
+    type: Literal["event"] = "event"
+    seq: int = attrs.field(validator=_at_least(1))
+    at: int = attrs.field(validator=_at_least(0))
+    name: str = attrs.field(validator=_non_empty)
+    payload: JSONObject
+
+
+@attrs.frozen(kw_only=True)
+class CallStarted:
+    client_context: dict[str, str]
+    direction: Direction
+    experiments: dict[str, str]
+    deployment_id: str | None = attrs.field(default=None, validator=_non_empty)
+    configuration_version: int | None = attrs.field(default=None, validator=_positive)
+    transport: str = attrs.field(validator=_non_empty)
+
+
+@attrs.frozen(kw_only=True)
+class CallEnded:
+    reason: str = attrs.field(validator=_non_empty)
+
+
+@attrs.frozen(kw_only=True)
+class CallMessages:
+    """Counts of what a call could not deliver, written before it ends."""
+
+    undelivered_to_client: dict[str, int] = attrs.field(
+        validator=attrs.validators.deep_mapping(attrs.validators.instance_of(str), _at_least(0))
+    )
+    refused_queued_host_messages: int = attrs.field(validator=_at_least(0))
+
+
+@attrs.frozen(kw_only=True)
+class CallStartedEvent:
+    type: Literal["event"] = "event"
+    seq: int = attrs.field(validator=_at_least(1))
+    at: int = attrs.field(validator=_at_least(0))
+    name: Literal["curb.started"] = "curb.started"
+    payload: CallStarted
+
+
+@attrs.frozen(kw_only=True)
+class CallEndedEvent:
+    type: Literal["event"] = "event"
+    seq: int = attrs.field(validator=_at_least(1))
+    at: int = attrs.field(validator=_at_least(0))
+    name: Literal["curb.ended"] = "curb.ended"
+    payload: CallEnded
+
+
+@attrs.frozen(kw_only=True)
+class CallMessagesEvent:
+    type: Literal["event"] = "event"
+    seq: int = attrs.field(validator=_at_least(1))
+    at: int = attrs.field(validator=_at_least(0))
+    name: Literal["curb.messages"] = "curb.messages"
+    payload: CallMessages
+
+
+# -- Live session settings -------------------------------------------------------------------
+
+LLMProvider = Literal["kugelaudio", "anthropic", "openai", "openai-compatible"]
+Voice = str | int | float
+
+
+@attrs.frozen(kw_only=True)
+class TTSUpdate:
+    voice: Voice | None = None
+    model: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class STTUpdate:
+    language: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class LLMChoice:
+    provider: LLMProvider
+    model: str
+    base_url: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionUpdate:
+    """A live settings change, the same from the host (PATCH) and the client (curb.update)."""
+
+    tts: TTSUpdate | None = None
+    stt: STTUpdate | None = None
+    llm: LLMChoice | None = None
+
+
+_NULLABLE = {"nullable": True}
+
+
+@attrs.frozen(kw_only=True)
+class EffectiveTTS:
+    provider: str
+    voice: Voice | None = attrs.field(default=None, metadata=_NULLABLE)
+    model: str | None = attrs.field(default=None, metadata=_NULLABLE)
+    options: JSONObject | None = None
+
+
+@attrs.frozen(kw_only=True)
+class EffectiveSTT:
+    provider: str
+    language: str | None = attrs.field(default=None, metadata=_NULLABLE)
+
+
+@attrs.frozen(kw_only=True)
+class EffectiveLLM:
+    provider: str
+    model: str
+    base_url: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class EffectiveSettings:
+    """The settings a call runs with. Never a credential."""
+
+    tts: EffectiveTTS
+    stt: EffectiveSTT
+    llm: EffectiveLLM
+
+
+@attrs.frozen(kw_only=True)
+class SessionSettingsResponse:
+    session_id: str = attrs.field(validator=_non_empty)
+    settings: EffectiveSettings
 
 
 # -- The converter -------------------------------------------------------------------------
 
 _RENAMES = {"cls": "class", "base_url": "baseURL"}
+_TAGS = frozenset({"event", "type", "name"})
+_NAMES = {str: "a string", int: "an integer", float: "a number", type(None): "null"}
+_LIFECYCLE: dict[str, type] = {
+    "ready": LifecycleReady,
+    "draining": LifecycleDraining,
+    "ended": LifecycleEnded,
+    "recovered": LifecycleRecovered,
+}
 
 
 def wire_name(attribute: str) -> str:
@@ -222,28 +454,78 @@ def _make_converter() -> cattrs.Converter:
         inner = make_dict_structure_fn(
             cls, converter, _cattrs_detailed_validation=True, **renames(cls)
         )
+        _attribute_of = {wire_name(a.name): a.name for a in attrs.fields(cls)}
+        wire_names = set(_attribute_of)
+
+        nullable = {wire_name(a.name) for a in attrs.fields(cls) if a.metadata.get("nullable")}
 
         def structure(value: Any, target: type) -> Any:
             if not isinstance(value, dict):
                 raise TypeError("expected an object")
+            # An optional field may be left out; null is a value only where the protocol says so.
+            nulls = [k for k, v in value.items() if v is None and k in wire_names and k not in nullable]
+            if nulls:
+                raise FieldError(_attribute_of[nulls[0]], "must not be null")
             return inner(value, target)
 
         return structure
 
     def unstructure_factory(cls: type) -> Any:
-        # Fields with init=False (an event's tag) are always written.
-        keep = {a.name: override(omit_if_default=False) for a in attrs.fields(cls) if not a.init}
+        # A tag (a record's event or type) is written even though it is its default.
         overrides = renames(cls)
-        for name, extra in keep.items():
-            overrides[name] = override(rename=overrides.get(name, override()).rename, omit_if_default=False)
-        return make_dict_unstructure_fn(
-            cls,
-            converter,
-            _cattrs_omit_if_default=True,
-            _cattrs_include_init_false=True,
-            **overrides,
-        )
+        for a in attrs.fields(cls):
+            if a.name in _TAGS:
+                overrides[a.name] = override(omit_if_default=False)
+        return make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True, **overrides)
 
+    def structure_scalar_union(value: Any, target: Any) -> Any:
+        args = typing.get_args(target)
+        allowed = tuple(t for t in args if t is not type(None))
+        if value is None and type(None) in args:
+            return None
+        if type(value) in allowed or (float in allowed and type(value) is int):
+            return value
+        raise TypeError("expected " + " or ".join(_NAMES.get(t, t.__name__) for t in allowed))
+
+    converter.register_structure_hook_func(
+        lambda t: typing.get_origin(t) in (types.UnionType, typing.Union)
+        and all(a in (str, int, float, type(None)) for a in typing.get_args(t)),
+        structure_scalar_union,
+    )
+
+    def list_factory(target: Any) -> Any:
+        inner = list_structure_factory(target, converter)
+
+        def structure(value: Any, _: Any) -> list[Any]:
+            # cattrs would happily iterate a string into a list of characters.
+            if not isinstance(value, list):
+                raise TypeError("expected an array")
+            return inner(value, target)  # type: ignore[no-any-return]
+
+        return structure
+
+    converter.register_structure_hook_factory(lambda t: typing.get_origin(t) is list, list_factory)
+
+    def structure_heartbeat(value: Any, _: Any) -> Heartbeat:
+        if isinstance(value, dict) and "envelope" in value:
+            raise ValueError("a line with an envelope is a record, not a heartbeat")
+        return structure_factory(Heartbeat)(value, Heartbeat)  # type: ignore[no-any-return]
+
+    converter.register_structure_hook(Heartbeat, structure_heartbeat)
+
+    def structure_object_or_text(value: Any, _: Any) -> Any:
+        if isinstance(value, (dict, str)):
+            return value
+        raise TypeError("expected an object or a string")
+
+    converter.register_structure_hook_func(lambda t: t == (JSONObject | str), structure_object_or_text)
+
+    def structure_lifecycle(value: Any, _: Any) -> Lifecycle:
+        if not isinstance(value, dict) or value.get("event") not in _LIFECYCLE:
+            raise ValueError("event must be one of " + ", ".join(_LIFECYCLE))
+        return converter.structure(value, _LIFECYCLE[value["event"]])
+
+    converter.register_structure_hook_func(lambda t: t == Lifecycle, structure_lifecycle)
     converter.register_structure_hook_factory(attrs.has, structure_factory)
     converter.register_unstructure_hook_factory(attrs.has, unstructure_factory)
     return converter
