@@ -1,0 +1,97 @@
+"""Model providers: chat models (LLM), speech to text (STT) and text to speech (TTS).
+
+The shapes every provider speaks come from ``_types``; each service lives in its own module.
+``make_llm`` builds a chat model from configuration. The offline speech engines
+(``EspeakTTS``, ``PocketsphinxSTT``) load native libraries, so they are imported on first use.
+"""
+
+import importlib as _importlib
+import typing as _typing
+
+from ._types import LLM as LLM
+from ._types import STT as STT
+from ._types import TTS as TTS
+from ._types import ChatMessage as ChatMessage
+from ._types import LLMEvent as LLMEvent
+from ._types import ProviderError as ProviderError
+from ._types import Role as Role
+from ._types import TextDelta as TextDelta
+from ._types import ToolCall as ToolCall
+from ._types import ToolSpec as ToolSpec
+from ._types import Transcript as Transcript
+from ._types import Usage as Usage
+from .anthropic import AnthropicLLM as AnthropicLLM
+from .local import LocalLLM as LocalLLM
+from .openai import OpenAILLM as OpenAILLM
+from .openai import OpenAISTT as OpenAISTT
+from .openai import OpenAITTS as OpenAITTS
+
+if _typing.TYPE_CHECKING:
+    from .espeak import EspeakTTS as EspeakTTS
+    from .pocketsphinx import PocketsphinxSTT as PocketsphinxSTT
+
+#: The providers ``make_llm`` knows.
+LLM_PROVIDERS = ("openai", "anthropic", "openai-compatible", "local")
+
+#: Names whose modules load native engines: imported on first use.
+_LAZY = {"EspeakTTS": ".espeak", "PocketsphinxSTT": ".pocketsphinx"}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+def make_llm(
+    provider: str, model: str, *, base_url: str | None = None, api_key_env: str | None = None
+) -> LLM:
+    """Build the chat model a configuration names.
+
+    Keys come from the environment (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, or for an
+    OpenAI-compatible endpoint only the variable named by ``api_key_env``); a missing key
+    surfaces as ``ProviderError("unauthorized")`` on the first call, not here.
+
+    Args:
+        provider: ``"openai"``, ``"anthropic"``, ``"openai-compatible"`` or ``"local"``.
+        model: The model name the service knows (any label for ``"local"``).
+        base_url: The API root; required for ``"openai-compatible"``, optional otherwise,
+            ignored for ``"local"``.
+        api_key_env: The environment variable holding the key, overriding the default.
+
+    Returns:
+        An object implementing ``LLM``.
+
+    Raises:
+        ValueError: for an unknown provider, or ``"openai-compatible"`` without ``base_url``.
+    """
+    if provider == "openai":
+        return OpenAILLM(
+            model,
+            base_url=base_url or "https://api.openai.com/v1",
+            api_key_env=api_key_env,
+        )
+    if provider == "openai-compatible":
+        if not base_url:
+            raise ValueError("provider 'openai-compatible' needs a base_url")
+        return OpenAILLM(
+            model, base_url=base_url, provider="openai-compatible", api_key_env=api_key_env
+        )
+    if provider == "anthropic":
+        return AnthropicLLM(
+            model,
+            base_url=base_url or "https://api.anthropic.com",
+            api_key_env=api_key_env or "ANTHROPIC_API_KEY",
+        )
+    if provider == "local":
+        return LocalLLM(model)
+    raise ValueError(
+        f"unknown LLM provider {provider!r}; expected one of {', '.join(LLM_PROVIDERS)}"
+    )
