@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 import trio
@@ -21,6 +21,9 @@ from journal import Journal, now_ms
 from .config import Config, Mode
 from .errors import (
     GenerationMismatch,
+    NoHandler,
+    NotAdjustable,
+    RunnerError,
     RunnerAtCapacity,
     RunnerDraining,
     RunnerTakesNoCalls,
@@ -46,13 +49,15 @@ from .wire import (
     StartCallRequest,
     State,
     StopCallResponse,
-    encode,
+    EffectiveSettings,
+    HostMessage,
 )
 
 log = logging.getLogger("runner.calls")
 
 KEEP_JSON_BYTES = 4096
 START_TIMEOUT_S = 15.0
+MAX_HELD_MESSAGES = 32
 END_REASON_CRASHED = "runner_crashed"
 
 
@@ -113,6 +118,16 @@ class Conversation(Protocol):
         """Take no new turns; return once the agent stopped speaking."""
         ...
 
+    async def deliver_host(self, message: HostMessage) -> None:
+        """Deliver a host message (raises a refusal: no_handler, invalid_payload, handler_failed)."""
+        ...
+
+    async def adjust(self, origin: Literal["client", "host"], update: object) -> EffectiveSettings:
+        """Apply a live settings change (raises not_adjustable, invalid_settings)."""
+        ...
+
+    refused_queued_host_messages: int
+
 
 ConversationFactory = Callable[[CallContext, CallRecord], Conversation]
 
@@ -146,6 +161,9 @@ class Call:
         self._grace_ms = 0
         self._ended = trio.Event()
         self.connected = trio.Event()
+        # Host messages: ids taken (delivered, or held for delivery), and those held while starting.
+        self._taken_ids: set[str] = set()
+        self._held: list[HostMessage] = []
 
     def live(self) -> LiveCall:
         return LiveCall(session_id=self.session_id, state=self.state, started_at_ms=self.started_at_ms)
@@ -165,11 +183,72 @@ class Call:
     async def wait_ended(self) -> None:
         await self._ended.wait()
 
+    async def deliver_host_message(self, message: HostMessage) -> bool:
+        """Deliver a host message; False when its id was already delivered to this call.
+
+        While the call starts, up to :data:`MAX_HELD_MESSAGES` are held and delivered in
+        order once it connects. A refusal does not take the id.
+
+        Raises:
+            SessionNotFound: The call ended.
+            RunnerAtCapacity: Already holding as many as it may.
+            NoHandler, InvalidPayload, HandlerFailed: The agent refused it.
+        """
+        if self.state in ("ending", "ended"):
+            raise SessionNotFound(f"the call {self.session_id!r} has ended")
+        if message.id in self._taken_ids:
+            return False
+        if self.state == "starting" or self._held:
+            if len(self._held) >= MAX_HELD_MESSAGES:
+                raise RunnerAtCapacity(
+                    f"{MAX_HELD_MESSAGES} messages are already held for this starting call; retry once it is connected"
+                )
+            self._taken_ids.add(message.id)
+            self._held.append(message)
+            return True
+        if self.conversation is None:
+            raise NoHandler("this call has no agent to take messages")
+        self._taken_ids.add(message.id)
+        try:
+            await self.conversation.deliver_host(message)
+        except BaseException:
+            self._taken_ids.discard(message.id)
+            raise
+        return True
+
+    async def _deliver_held(self, conversation: Conversation) -> None:
+        while self._held:
+            message = self._held[0]
+            try:
+                await conversation.deliver_host(message)
+            except RunnerError as refusal:
+                # It was already answered 202: all that is left is to say so and count it.
+                log.warning("held message %s (%r) refused on delivery: %s", message.id, message.name, refusal.code)
+                conversation.refused_queued_host_messages += 1
+            finally:
+                self._held.pop(0)
+
+    async def adjust(self, origin: Literal["client", "host"], update: object) -> EffectiveSettings:
+        """A live settings change; a starting call applies it once connected (it is checked now)."""
+        if self.state in ("ending", "ended"):
+            raise SessionNotFound(f"the call {self.session_id!r} has ended")
+        if self.conversation is None:
+            raise NotAdjustable("tts.voice", "this call has no agent")
+        return await self.conversation.adjust(origin, update)
+
     async def run(self) -> None:
         """The call's whole life. Always ends with ``curb.ended``."""
         reason = "ended"
         try:
             await self.record.event("curb.started", self._started_payload())
+            if self._conversation_factory is not None:
+                try:
+                    self.conversation = self._conversation_factory(self.context, self.record)
+                except Exception as exc:
+                    log.exception("the agent of call %s did not start", self.session_id)
+                    self._start_error = f"the agent did not start: {type(exc).__name__}: {exc}"
+                    reason = f"start_failed: {self._start_error}"
+                    return
             reason = await self._run_connected()
         except Exception as exc:
             log.exception("call %s failed", self.session_id)
@@ -208,8 +287,6 @@ class Call:
             return f"start_failed: {detail}"
         try:
             self.session = session
-            if self._conversation_factory is not None:
-                self.conversation = self._conversation_factory(self.context, self.record)
             self.state = "connected"
             self.connected.set()
             self._start_outcome.set()
@@ -225,6 +302,7 @@ class Call:
         async with trio.open_nursery() as nursery:
             if self.conversation is not None:
                 nursery.start_soon(self.conversation.run, session, receive)
+                nursery.start_soon(self._deliver_held, self.conversation)
             nursery.start_soon(self._pump_events, session, send)
             await self._stop_requested.wait()
             self.state = "ending"

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import trio
 
+from .agent import load_agent
+from .agent._runtime import choose_experiments, conversation_factory, warm_up
 from .config import DEFAULT_ADDRESS, Config
 from .transports.loopback import LoopbackTransport
 from .wire import StartCallRequest
@@ -79,6 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"runner: {exc}", file=sys.stderr)
         return 2
+    agent = load_agent(args.agent)
+    trio.run(warm_up, agent)
     token = resolve_token(config)
     loopback = LoopbackTransport()
     join = None
@@ -95,7 +99,10 @@ def _serve(args: argparse.Namespace) -> int:
             config,
             token=token,
             transports=[loopback],
-            conversation_factory=None,
+            conversation_factory=conversation_factory(agent, host_connected=True),
+            experiment_chooser=lambda start: choose_experiments(
+                agent, start.session_id, start.client_context or {}, start.experiments
+            ),
             join=join,
             started_at=_STARTED_AT,
         )

@@ -13,7 +13,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -99,6 +99,7 @@ async def serve_runner(
     transports: Sequence[Transport],
     conversation_factory: ConversationFactory | None,
     join: StartCallRequest | None = None,
+    experiment_chooser: Callable[[StartCallRequest], Mapping[str, str]] | None = None,
     handle_signals: bool = True,
     started_at: float | None = None,
     task_status: trio.TaskStatus[tuple[str, Runner]] = trio.TASK_STATUS_IGNORED,
@@ -111,6 +112,7 @@ async def serve_runner(
         transports: How calls reach their callers.
         conversation_factory: The agent's side of each call.
         join: A direct-join runner's one call, started once ready.
+        experiment_chooser: Each call's experiment variants, from its start request.
         handle_signals: Drain on SIGTERM/SIGINT (off when embedded in tests).
         started_at: ``time.monotonic()`` when the process started, for ``warmupMs``.
         task_status: Started with the bound address and the runner, once ready.
@@ -122,7 +124,11 @@ async def serve_runner(
         if closed:
             await emit_lifecycle(journal, LifecycleRecovered(closed_sessions=closed))
         runner = Runner(
-            config, journal, transports=transports, conversation_factory=conversation_factory
+            config,
+            journal,
+            transports=transports,
+            conversation_factory=conversation_factory,
+            experiment_chooser=experiment_chooser,
         )
         closing = trio.Event()
         shutdown = trio.Event()

@@ -76,8 +76,11 @@ class RunnerProcess:
         self.process.send_signal(signal.SIGKILL)
 
 
-def runner_argv(command: str, journal: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "runner", command, "--address", "127.0.0.1:0", "--journal", str(journal), *extra]
+QUIET_AGENT = "tests.agents:quiet"
+
+
+def runner_argv(command: str, journal: Path, *extra: str, agent: str = QUIET_AGENT) -> list[str]:
+    return [sys.executable, "-m", "runner", command, agent, "--address", "127.0.0.1:0", "--journal", str(journal), *extra]
 
 
 @asynccontextmanager
@@ -85,13 +88,17 @@ async def start_runner(
     journal: Path,
     *extra: str,
     command: str = "serve",
+    agent: str = QUIET_AGENT,
     env: dict[str, str] | None = None,
     wait_ready: bool = True,
 ) -> AsyncIterator[RunnerProcess]:
-    """Start ``runner COMMAND`` on a free loopback port; stop it (by pid) on exit."""
+    """Start ``runner COMMAND AGENT`` on a free loopback port; stop it (by pid) on exit.
+
+    The default agent writes nothing of its own, so a test can count a call's records.
+    """
     environ = {**os.environ, "CURB_MANAGEMENT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = await trio.lowlevel.open_process(
-        runner_argv(command, journal, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ
+        runner_argv(command, journal, *extra, agent=agent), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ
     )
     runner = RunnerProcess(process, journal)
     async with trio.open_nursery() as nursery:

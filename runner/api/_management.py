@@ -11,8 +11,17 @@ from quart_trio import QuartTrio
 
 from journal import Journal
 
-from ..errors import InvalidRequest, Unauthorized, UnknownVersion
-from ..wire import PROTOCOL_VERSION, PROTOCOL_VERSIONS, Health, StartCallRequest, StartCallResponse
+from ..errors import InvalidRequest, RunnerTakesNoCalls, Unauthorized, UnknownVersion
+from ..wire import (
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSIONS,
+    Health,
+    HostMessage,
+    HostMessageAccepted,
+    SessionSettingsResponse,
+    StartCallRequest,
+    StartCallResponse,
+)
 from ._common import install_error_handlers, json_response, read_body
 from ._events import check_cursor, parse_cursor, stream_lines
 
@@ -111,5 +120,23 @@ def create_management_app(
         grace_ms = _grace_ms(request.args.get("graceMs"))
         reason = request.args.get("reason") or "stopped_by_host"
         return json_response(await runner.stop_call(session_id, reason=reason, grace_ms=grace_ms))
+
+    @app.post("/v1/sessions/<session_id>/messages")
+    async def host_message(session_id: str) -> Response:
+        if runner.mode == "direct-join":
+            raise RunnerTakesNoCalls("a direct-join runner has no host-to-agent path")
+        call = runner.get(session_id)
+        message = await read_body(HostMessage)
+        delivered = await call.deliver_host_message(message)
+        return json_response(HostMessageAccepted(id=message.id, delivered=delivered), status=202)
+
+    @app.patch("/v1/sessions/<session_id>")
+    async def adjust(session_id: str) -> Response:
+        call = runner.get(session_id)
+        update = await request.get_json(force=True, silent=True)
+        if update is None:
+            raise InvalidRequest("the body must be a JSON object")
+        settings = await call.adjust("host", update)
+        return json_response(SessionSettingsResponse(session_id=session_id, settings=settings))
 
     return app

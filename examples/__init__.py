@@ -1,0 +1,1 @@
+"""Example agents. ``runner serve`` with no argument runs :mod:`examples.concierge`."""

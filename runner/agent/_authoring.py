@@ -1,0 +1,375 @@
+"""The authoring API: what an agent is made of, checked when it is defined.
+
+The Python counterpart of the seed's ``<Agent>``, ``<Skill>``, ``<Tool>``, ``<Text>`` and
+``useMessage``. What an agent offers its model is a function of the call's state
+(:meth:`Agent.offer`), recomputed before every turn and after every message handler,
+so a handler that changes state can unlock a tool or a skill.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+import attrs
+
+from ..providers import ToolSpec
+from ._settings import LLM, STT, TTS, AuthoringError, Origin, check_adjustable
+
+if TYPE_CHECKING:
+    from ._context import Context
+
+F = TypeVar("F", bound=Callable[..., Any])
+Sender = Literal["client", "host"]
+Predicate = Callable[["Context"], bool]
+TextSource = str | Callable[["Context"], "str | None"]
+
+MAX_KEY_CHARS = 256
+
+_JSON_TYPES: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+    dict: {"type": "object"},
+    list: {"type": "array"},
+}
+
+
+def _json_schema(annotation: Any, where: str) -> dict[str, Any]:
+    """The JSON Schema of a tool parameter's annotation (the model is told what to send)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation in _JSON_TYPES:
+        return dict(_JSON_TYPES[annotation])
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin in (list, Sequence, tuple) and args:
+        return {"type": "array", "items": _json_schema(args[0], where)}
+    if origin in (dict, Mapping):
+        return {"type": "object"}
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _json_schema(options[0], where)
+        return {"anyOf": [_json_schema(a, where) for a in options]}
+    if attrs.has(annotation):
+        fields = attrs.fields(annotation)
+        return {
+            "type": "object",
+            "properties": {f.name: _json_schema(f.type, where) for f in fields},
+            "required": [f.name for f in fields if f.default is attrs.NOTHING],
+        }
+    raise AuthoringError(f"{where}: parameter type {annotation!r} cannot be offered to a model")
+
+
+@attrs.frozen(kw_only=True)
+class Tool:
+    """A function the model may call.
+
+    Attributes:
+        name: What the model calls it.
+        description: What it is for (the docstring by default).
+        fn: ``fn(ctx, **arguments)``, sync or async; its return value is the result.
+        parameters: The JSON Schema of its arguments, from the signature.
+        annotations: Each argument's Python type, for checking what the model sent.
+        when: Offered only while ``when(ctx)`` holds.
+        ask_first: The person must confirm before it runs (``tool.confirm`` on the socket).
+        filler: A line spoken while it runs.
+    """
+
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    parameters: Mapping[str, Any]
+    annotations: Mapping[str, Any]
+    when: Predicate | None = None
+    ask_first: bool = False
+    filler: str | None = None
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+
+def make_tool(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    when: Predicate | None = None,
+    ask_first: bool = False,
+    filler: str | None = None,
+) -> Tool:
+    """Build a :class:`Tool` from ``fn(ctx, arg: type, ...)``; its docstring describes it."""
+    tool_name = name or fn.__name__
+    if not tool_name.replace("_", "").replace("-", "").isalnum() or len(tool_name) > 64:
+        raise AuthoringError(f"tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'")
+    hints = typing.get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters.values())
+    if not params:
+        raise AuthoringError(f"tool {tool_name!r} must take the call context as its first parameter")
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    annotations: dict[str, Any] = {}
+    for param in params[1:]:
+        if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+            raise AuthoringError(f"tool {tool_name!r}: parameter {param.name!r} must be a named parameter")
+        if param.name not in hints:
+            raise AuthoringError(f"tool {tool_name!r}: parameter {param.name!r} needs a type annotation")
+        annotations[param.name] = hints[param.name]
+        properties[param.name] = _json_schema(hints[param.name], f"tool {tool_name!r}")
+        if param.default is param.empty:
+            required.append(param.name)
+    text = description or inspect.getdoc(fn)
+    if not text:
+        raise AuthoringError(f"tool {tool_name!r} needs a description (a docstring) for the model")
+    return Tool(
+        name=tool_name,
+        description=text,
+        fn=fn,
+        parameters={"type": "object", "properties": properties, "required": required},
+        annotations=annotations,
+        when=when,
+        ask_first=ask_first,
+        filler=filler,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class MessageHandler:
+    """``fn(ctx, payload)`` for messages with ``key`` from ``sender``; ``schema`` decodes the payload."""
+
+    key: str
+    sender: Sender
+    fn: Callable[..., Any]
+    schema: Any = None
+
+
+def check_key(key: object) -> str:
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_CHARS:
+        raise AuthoringError(f"a message key must be a string of 1 to {MAX_KEY_CHARS} characters, got {key!r}")
+    return key
+
+
+def _check_sender(sender: object) -> Sender:
+    if sender not in ("client", "host"):
+        raise AuthoringError(f"a message sender must be 'client' or 'host', got {sender!r}")
+    return sender  # type: ignore[return-value]
+
+
+class _Parts:
+    """What agents and skills share: instructions, tools, message handlers."""
+
+    def __init__(self, instructions: TextSource | Sequence[TextSource] | None) -> None:
+        if instructions is None:
+            self._instructions: list[TextSource] = []
+        elif isinstance(instructions, str) or callable(instructions):
+            self._instructions = [instructions]
+        else:
+            self._instructions = list(instructions)
+        self.tools: list[Tool] = []
+
+    def instructions(self, fn: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
+        """Decorator: add instructions computed from the call (``None`` adds nothing)."""
+        self._instructions.append(fn)
+        return fn
+
+    def _texts(self, ctx: Context) -> list[str]:
+        out = []
+        for source in self._instructions:
+            text = source(ctx) if callable(source) else source
+            if text:
+                out.append(text.strip())
+        return out
+
+    @overload
+    def tool(self, fn: F) -> F: ...
+
+    @overload
+    def tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        when: Predicate | None = None,
+        ask_first: bool = False,
+        filler: str | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def tool(self, fn: Any = None, **options: Any) -> Any:
+        """Decorator: offer ``fn(ctx, ...)`` to the model as a tool (``when=`` to gate it)."""
+
+        def register(f: F) -> F:
+            tool = make_tool(f, **options)
+            if any(t.name == tool.name for t in self.tools):
+                raise AuthoringError(f"tool {tool.name!r} is defined twice")
+            self.tools.append(tool)
+            return f
+
+        return register(fn) if fn is not None else register
+
+
+class Skill(_Parts):
+    """A part of an agent that is mounted while ``when(ctx)`` holds.
+
+    A mounted skill adds its instructions and tools to what the model is offered; its
+    ``llm``/``tts``/``stt``, when given, take over from the agent's.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        instructions: TextSource | Sequence[TextSource] | None = None,
+        when: Predicate | None = None,
+        llm: LLM | None = None,
+        tts: TTS | None = None,
+        stt: STT | None = None,
+    ) -> None:
+        super().__init__(instructions)
+        if not name:
+            raise AuthoringError("a skill needs a name")
+        self.name = name
+        self.when = when
+        self.llm = llm
+        self.tts = tts
+        self.stt = stt
+
+
+@attrs.frozen(kw_only=True)
+class Offer:
+    """What the model is offered right now, and the providers the props pick."""
+
+    instructions: str
+    tools: tuple[Tool, ...]
+    skills: tuple[str, ...]
+    llm: LLM
+    tts: TTS | None
+    stt: STT | None
+
+    def tool(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+class Agent(_Parts):
+    """A voice agent.
+
+    Args:
+        name: Shown in logs and records.
+        instructions: Text, or functions of the call giving text, that tell the model who it is.
+        llm: The chat model. ``LLM("local", "local")`` (the default) needs no network.
+        tts: The voice; ``None`` for a text-only agent.
+        stt: The recognizer; ``None`` for an agent that only reads.
+        greeting: The opening line: text (spoken as written, no model call), a function
+            of the call giving text, ``True`` to let the model open, or ``None`` to wait.
+        adjustable: Per origin (``client``, ``host``), the settings paths it may change
+            during a call: ``tts.voice``, ``tts.model``, ``stt.language``, ``llm``.
+        experiments: Experiment name to ``{variant: weight}``; a call reads its variant as
+            ``ctx.experiment.<name>``.
+        from_client: Per experiment, a client context key whose value may pick the variant.
+        state: Makes each call's mutable state, read and changed as ``ctx.state``.
+        skills: Skills to mount while their ``when`` holds.
+        max_tool_rounds: Model calls per turn that may end in tool calls.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        instructions: TextSource | Sequence[TextSource] | None = None,
+        llm: LLM | None = None,
+        tts: TTS | None = None,
+        stt: STT | None = None,
+        greeting: TextSource | bool | None = None,
+        adjustable: dict[str, list[str]] | None = None,
+        experiments: Mapping[str, Mapping[str, int]] | None = None,
+        from_client: Mapping[str, str] | None = None,
+        state: Callable[[], Any] | None = None,
+        skills: Sequence[Skill] = (),
+        max_tool_rounds: int = 4,
+    ) -> None:
+        super().__init__(instructions)
+        if not name:
+            raise AuthoringError("an agent needs a name")
+        self.name = name
+        self.llm = llm or LLM(provider="local", model="local")
+        self.tts = tts
+        self.stt = stt
+        self.greeting = greeting
+        self.adjustable: dict[Origin, tuple[str, ...]] = check_adjustable(adjustable)
+        self.experiments = {k: dict(v) for k, v in (experiments or {}).items()}
+        for experiment, weights in self.experiments.items():
+            if not weights or any(not isinstance(w, int) or w < 0 for w in weights.values()):
+                raise AuthoringError(f"experiment {experiment!r} needs variants with non-negative integer weights")
+            if sum(weights.values()) <= 0:
+                raise AuthoringError(f"experiment {experiment!r} needs a positive total weight")
+        self.from_client = dict(from_client or {})
+        self.state_factory = state or dict
+        self.skills = list(skills)
+        if max_tool_rounds < 0:
+            raise AuthoringError("max_tool_rounds must be at least 0")
+        self.max_tool_rounds = max_tool_rounds
+        self.handlers: list[MessageHandler] = []
+
+    def skill(self, skill: Skill) -> Skill:
+        """Add a skill (also usable as ``agent.skill(Skill(...))``)."""
+        self.skills.append(skill)
+        return skill
+
+    def on_message(
+        self, key: str, *, sender: Sender = "client", schema: Any = None
+    ) -> Callable[[F], F]:
+        """Decorator: handle messages with ``key`` from ``sender`` (``client`` or ``host``).
+
+        The handler is ``fn(ctx, payload)``, sync or async. With ``schema`` (an attrs
+        class or any type the converter structures) it gets the decoded payload, and a
+        payload that does not decode is refused ``invalid_payload`` before any handler
+        runs. Several handlers on one key run in registration order; the reply is the
+        last one's return value.
+
+        Raises:
+            AuthoringError: An invalid key or sender.
+        """
+        check_key(key)
+        _check_sender(sender)
+
+        def register(fn: F) -> F:
+            self.handlers.append(MessageHandler(key=key, sender=sender, fn=fn, schema=schema))
+            return fn
+
+        return register
+
+    def handlers_for(self, key: str, sender: Sender) -> list[MessageHandler]:
+        return [h for h in self.handlers if h.key == key and h.sender == sender]
+
+    def offer(self, ctx: Context) -> Offer:
+        """What the model is offered for this call's state right now."""
+        mounted = [s for s in self.skills if s.when is None or s.when(ctx)]
+        texts = self._texts(ctx)
+        tools = [t for t in self.tools if t.when is None or t.when(ctx)]
+        llm, tts, stt = self.llm, self.tts, self.stt
+        for skill in mounted:
+            texts.extend(skill._texts(ctx))
+            tools.extend(t for t in skill.tools if t.when is None or t.when(ctx))
+            llm = skill.llm or llm
+            tts = skill.tts or tts
+            stt = skill.stt or stt
+        return Offer(
+            instructions="\n\n".join(texts),
+            tools=tuple(tools),
+            skills=tuple(s.name for s in mounted),
+            llm=llm,
+            tts=tts,
+            stt=stt,
+        )
+
+
+async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call agent code that may be sync or async."""
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await typing.cast(Awaitable[Any], result)
+    return result

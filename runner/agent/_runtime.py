@@ -1,0 +1,594 @@
+"""An agent in a call: its context, its turns, its messages and its live settings.
+
+:class:`AgentRuntime` is the call's :class:`~runner.calls.Conversation`. It reads the
+caller's events (typed text, audio, who joined), runs one turn at a time through the turn
+engine, delivers keyed messages to the agent's handlers, and sends what the agent says
+back through the call's transport session.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from ..calls import CallContext, CallRecord, keep_json
+from ..errors import HandlerFailed, InvalidPayload, InvalidRequest, NoHandler, NotAdjustable, RunnerError
+from ..providers import ToolCall, make_llm
+from ..transports import AudioFrame, ClientRefusal, ParticipantJoined, ParticipantLeft, TransportEvent, TransportSession, UserText
+from ..voice.engine import (
+    AudioData,
+    AudioStart,
+    ToolOutcome,
+    Turn,
+    TurnEvent,
+    TurnFinished,
+    TurnPlan,
+    TurnResult,
+)
+from ..voice.listener import Listener, SpeechStarted, Utterance
+from ..wire import EffectiveSettings, HostMessage, Issue, WireError, converter, decode, encode
+from ._authoring import Agent, Offer, Sender, call_maybe_async, check_key
+from ._context import Context, HostTimeoutError, HostUnavailableError
+from ._experiments import assign_variant
+from ._settings import LLM, STT, TTS, Origin
+from ._settings_live import Overrides, check_update, effective, merge
+
+log = logging.getLogger("runner.agent")
+
+CLIENT_WAIT_S = 10.0
+MAX_CLIENT_REQUEST_BYTES = 15 * 1024
+
+
+def choose_experiments(agent: Agent, session_id: str, client: Mapping[str, str], sent: Mapping[str, str] | None) -> dict[str, str]:
+    """The call's variants: each one the host sent, as sent; the others by the seed's rule."""
+    chosen = {
+        name: assign_variant(session_id, name, weights, client, agent.from_client.get(name))
+        for name, weights in agent.experiments.items()
+        if name not in (sent or {})
+    }
+    return {**chosen, **dict(sent or {})}
+
+
+@attrs.define
+class _Providers:
+    """Built providers, rebuilt only when their settings change."""
+
+    built: dict[Any, Any] = attrs.Factory(dict)
+
+    def llm(self, spec: LLM) -> Any:
+        if spec not in self.built:
+            self.built[spec] = make_llm(spec.provider, spec.model, base_url=spec.base_url, api_key_env=spec.api_key_env)
+        return self.built[spec]
+
+    def tts(self, spec: TTS | None) -> Any:
+        if spec is None:
+            return None
+        if spec not in self.built:
+            self.built[spec] = build_tts(spec)
+        return self.built[spec]
+
+    def stt(self, spec: STT | None) -> Any:
+        if spec is None:
+            return None
+        if spec not in self.built:
+            self.built[spec] = build_stt(spec)
+        return self.built[spec]
+
+
+def build_tts(spec: TTS) -> Any:
+    """A speech provider for a voice choice."""
+    if spec.provider == "espeak":
+        from ..providers import EspeakTTS
+
+        return EspeakTTS(str(spec.voice) if spec.voice is not None else None)
+    if spec.provider == "openai":
+        from ..providers import OpenAITTS
+
+        return OpenAITTS(spec.model or "gpt-4o-mini-tts", voice=str(spec.voice or "alloy"))
+    raise ValueError(f"no speech provider {spec.provider!r} on this runner")
+
+
+def build_stt(spec: STT) -> Any:
+    """A recognizer for a recognition choice."""
+    if spec.provider == "pocketsphinx":
+        from ..providers import PocketsphinxSTT
+
+        return PocketsphinxSTT(spec.language)
+    if spec.provider == "openai":
+        from ..providers import OpenAISTT
+
+        return OpenAISTT(language=spec.language)
+    raise ValueError(f"no recognizer {spec.provider!r} on this runner")
+
+
+async def warm_up(agent: Agent) -> None:
+    """Build the agent's own providers once, so a broken one fails the runner's warmup
+    (no ready line) rather than its first call, and the first call starts warm.
+    """
+    for spec in (agent.llm, *(s.llm for s in agent.skills if s.llm)):
+        make_llm(spec.provider, spec.model, base_url=spec.base_url, api_key_env=spec.api_key_env)
+    for tts in (agent.tts, *(s.tts for s in agent.skills if s.tts)):
+        if tts is not None:
+            provider = build_tts(tts)
+            if tts.provider == "espeak":
+                async for _ in provider.synthesize("ready"):
+                    pass
+    for stt in (agent.stt, *(s.stt for s in agent.skills if s.stt)):
+        if stt is not None:
+            provider = build_stt(stt)
+            if hasattr(provider, "warm_up"):
+                await provider.warm_up()
+
+
+class AgentRuntime:
+    """One agent in one call.
+
+    Args:
+        agent: What the agent is.
+        call: What the call was started with.
+        record: Where the call's records go (``None``: a call that keeps no record).
+        host_connected: A host reads this call's record (managed, direct-join, dev).
+    """
+
+    def __init__(self, agent: Agent, call: CallContext, record: CallRecord | None, *, host_connected: bool) -> None:
+        self.agent = agent
+        self.call = call
+        self.record = record
+        self.host_connected = host_connected and record is not None
+        self.ctx = Context(
+            session_id=call.session_id,
+            direction=call.direction,
+            client=call.client,
+            experiments=call.experiments,
+            state=agent.state_factory(),
+            link=self,
+        )
+        self.history: list[Any] = []
+        self.ready = trio.Event()
+        self.session: TransportSession | None = None
+        self._overrides = Overrides()
+        self._providers = _Providers()
+        self._turn: Turn | None = None
+        self._turn_done = trio.Event()
+        self._turn_done.set()
+        self._accepting = True
+        self._listening = True
+        self._asks: dict[str, trio.MemorySendChannel[Any]] = {}
+        self._ask_count = 0
+        self._host_count = 0
+        self._warned: set[tuple[str, str]] = set()
+        self.undelivered_to_client: dict[str, int] = {}
+        self.refused_queued_host_messages = 0
+        self._outbox_send, self._outbox = trio.open_memory_channel[Callable[[], Awaitable[None]]](math.inf)
+        self._listeners: list[Callable[[TurnEvent], Awaitable[None]]] = []
+        self._audio_rate_hz = 0
+        self._listener: Listener | None = None
+        self._turns_send, self._turns = trio.open_memory_channel[tuple[str, dict[str, Any]]](math.inf)
+        self._queued = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    # -- What the agent offers, with live settings on top -----------------------------------
+
+    def offer(self) -> Offer:
+        return self.agent.offer(self.ctx)
+
+    def current(self) -> tuple[LLM, TTS | None, STT | None]:
+        return self._overrides.apply(self.offer())
+
+    def settings(self) -> EffectiveSettings:
+        return effective(*self.current())
+
+    async def adjust(self, origin: Origin, update: object) -> EffectiveSettings:
+        """Apply a SessionUpdate from ``origin``, all or nothing; journal the outcome."""
+        try:
+            changes = check_update(
+                update,
+                origin=origin,
+                adjustable=self.agent.adjustable[origin],
+                current=self.current(),
+                author_llm=self.offer().llm,
+            )
+        except RunnerError as refusal:
+            await self._event("curb.settings", {"origin": origin, "update": keep_json(update)[0], "outcome": refusal.code, **_refusal_details(refusal)})
+            raise
+        self._overrides = merge(self._overrides, changes)
+        settings = self.settings()
+        await self._event(
+            "curb.settings",
+            {"origin": origin, "update": keep_json(update)[0], "outcome": "accepted", "settings": encode(settings)},
+        )
+        return settings
+
+    # -- Turns ------------------------------------------------------------------------------
+
+    def add_listener(self, listener: Callable[[TurnEvent], Awaitable[None]]) -> None:
+        """Also tell ``listener`` everything a turn does (a console, a test)."""
+        self._listeners.append(listener)
+
+    async def _emit(self, event: TurnEvent) -> None:
+        session = self.session
+        if isinstance(event, AudioStart):
+            self._audio_rate_hz = event.sample_rate_hz
+        elif isinstance(event, AudioData) and session is not None:
+            await session.publish_audio(event.pcm, self._audio_rate_hz)
+        elif isinstance(event, TurnFinished):
+            await self._record_turn(event.result)
+        for listener in self._listeners:
+            await listener(event)
+
+    def _plan(self) -> TurnPlan:
+        llm, tts, _ = self.current()
+        return TurnPlan(
+            llm=self._providers.llm(llm),
+            tts=self._providers.tts(tts),
+            instructions=lambda: self.offer().instructions,
+            tools=lambda: [t.spec() for t in self.offer().tools],
+            run_tool=self._run_tool,
+            max_tool_rounds=self.agent.max_tool_rounds,
+        )
+
+    async def _run_tool(self, call: ToolCall) -> ToolOutcome:
+        tool = self.offer().tool(call.name)
+        if tool is None:
+            return ToolOutcome(ok=False, error=f"no tool {call.name!r} is offered now")
+        try:
+            arguments = {
+                name: converter.structure(call.arguments[name], annotation)
+                for name, annotation in tool.annotations.items()
+                if name in call.arguments
+            }
+            result = await call_maybe_async(tool.fn, self.ctx, **arguments)
+        except Exception as exc:
+            log.warning("tool %s failed: %s", call.name, exc)
+            return ToolOutcome(ok=False, error=f"{type(exc).__name__}: {exc}")
+        return ToolOutcome(ok=True, result=result)
+
+    async def take_turn(
+        self, text: str | None, *, scripted: str | None = None, heard_seconds: float | None = None
+    ) -> TurnResult | None:
+        """Run one turn (waiting for the one before it); ``None`` once the call stopped taking turns."""
+        if not self._accepting:
+            return None
+        while self._turn is not None:
+            await self._turn_done.wait()
+        if not self._accepting:
+            return None
+        turn = Turn(self._plan(), self.history, self._emit)
+        self._turn = turn
+        self._turn_done = trio.Event()
+        try:
+            if text is not None:
+                await self._write(
+                    "conversation",
+                    {"type": "turn", "turn": turn.id, "role": "user", "text": text, "spoken": heard_seconds is not None},
+                )
+            return await turn.run(text, scripted=scripted, heard=text if heard_seconds is not None else None, heard_seconds=heard_seconds)
+        finally:
+            self._turn = None
+            self._turn_done.set()
+
+    def interrupt(self, reason: str = "barge_in") -> None:
+        """Cancel the running turn, if any (a barge-in, a transfer)."""
+        if self._turn is not None:
+            self._turn.cancel(reason)
+
+    async def _record_turn(self, result: TurnResult) -> None:
+        text, truncated = keep_json(result.text)
+        body: dict[str, Any] = {
+            "type": "turn",
+            "turn": result.turn,
+            "role": "assistant",
+            "text": text,
+            "interrupted": result.interrupted,
+            "toolCalls": [
+                {
+                    "callId": c.call_id,
+                    "name": c.name,
+                    "arguments": keep_json(c.arguments)[0],
+                    "result": keep_json(c.result)[0],
+                    "ok": c.ok,
+                    "error": c.error,
+                    "ms": c.ms,
+                    "round": c.round,
+                }
+                for c in result.tool_calls
+            ],
+            "usage": [
+                {"model": u.model, "inputTokens": u.input_tokens, "outputTokens": u.output_tokens, "cachedTokens": u.cached_tokens}
+                for u in result.usage
+            ],
+            "timings": {
+                "modelFirstTextMs": result.timings.model_first_text_ms,
+                "firstAudioMs": result.timings.first_audio_sent_ms,
+                "totalMs": result.timings.total_ms,
+            },
+            "chunksSpoken": result.chunks_spoken,
+        }
+        if result.reason is not None:
+            body["reason"] = result.reason
+        if truncated:
+            body["truncated"] = True
+        await self._write("conversation", body)
+
+    # -- The call ---------------------------------------------------------------------------
+
+    async def run(self, session: TransportSession, events: trio.MemoryReceiveChannel[TransportEvent]) -> None:
+        """Converse over ``session`` until cancelled."""
+        self.session = session
+        session.set_request_handler(self.handle_client_request)
+        _, tts, stt = self.current()
+        self._listener = Listener(self._providers.stt(stt)) if stt is not None else None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._serve_outbox)
+                nursery.start_soon(self._serve_turns)
+                self.ready.set()
+                greeting = self.agent.greeting
+                if greeting is True:
+                    self._queue_turn(None)
+                elif greeting:
+                    line = greeting(self.ctx) if callable(greeting) else greeting
+                    if line:
+                        self._queue_turn(None, scripted=line)
+                async for event in events:
+                    await self._on_event(event, nursery)
+        finally:
+            self._accepting = False
+            for waiter in list(self._asks.values()):
+                waiter.close()
+            with trio.CancelScope(shield=True):
+                await self._write_summary()
+
+    def _queue_turn(self, text: str | None, **options: Any) -> None:
+        self._queued += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._turns_send.send_nowait((text, options))  # type: ignore[arg-type]
+
+    async def _serve_turns(self) -> None:
+        # Turns run one at a time, in the order they were asked for.
+        async for text, options in self._turns:
+            try:
+                await self.take_turn(text, **options)
+            finally:
+                self._queued -= 1
+                if self._queued == 0:
+                    self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Wait until every turn asked for so far has ended."""
+        await self._idle.wait()
+
+    async def _on_event(self, event: TransportEvent, nursery: trio.Nursery) -> None:
+        if isinstance(event, UserText):
+            # Typed turns queue behind the running one; only speech barges in.
+            self._queue_turn(event.text)
+        elif isinstance(event, AudioFrame):
+            if self._listener is None or not self._listening:
+                return
+            for heard in await self._listener.feed(event.pcm, event.sample_rate_hz):
+                if isinstance(heard, SpeechStarted) and self._turn is not None:
+                    # The caller talks over the agent: stop its voice and its reply.
+                    self.interrupt("barge_in")
+                    if self.session is not None:
+                        await self.session.clear_audio()
+                elif isinstance(heard, Utterance) and heard.text:
+                    self._queue_turn(heard.text, heard_seconds=heard.audio_seconds)
+        elif isinstance(event, ParticipantJoined) and event.kind == "transfer_target":
+            # While the transfer target is in the call the agent neither listens nor speaks.
+            self._listening = False
+            self.interrupt("transferred")
+            await self._event("curb.transfer", {"state": "target_joined", "identity": event.identity})
+        elif isinstance(event, ParticipantLeft) and event.kind == "transfer_target":
+            self._listening = True
+            await self._event("curb.transfer", {"state": "agent_resumed", "identity": event.identity})
+
+    async def finish_utterance(self) -> None:
+        """Take no new turns; return once the running one (if any) ended."""
+        self._accepting = False
+        await self._turn_done.wait()
+
+    # -- Messages ---------------------------------------------------------------------------
+
+    async def deliver(self, sender: Sender, key: str, payload: Any, *, message_id: str | None = None) -> Any:
+        """Run the handlers of ``key`` from ``sender``; return the reply (the last handler's).
+
+        Raises:
+            NoHandler: Nothing listens for the key from that sender.
+            InvalidPayload: A schema refused the payload; no handler ran.
+            HandlerFailed: A handler raised; the others still ran.
+        """
+        handlers = self.agent.handlers_for(key, sender)
+        kept, truncated = keep_json(payload)
+        event: dict[str, Any] = {"from": sender, "key": key, "id": message_id, "payload": kept}
+        if not handlers:
+            await self._event("curb.message", {**event, "outcome": "no_handler"})
+            raise NoHandler(f"no_handler: nothing handles {key!r} from the {sender}")
+        decoded: list[Any] = []
+        issues: list[Issue] = []
+        for handler in handlers:
+            if handler.schema is None:
+                decoded.append(payload)
+                continue
+            try:
+                decoded.append(decode(handler.schema, payload))
+            except WireError as exc:
+                issues.extend(exc.issues)
+        if issues:
+            await self._event("curb.message", {**event, "outcome": "invalid_payload"})
+            summary = "; ".join(f"{'.'.join(map(str, i.path)) or '(payload)'}: {i.message}" for i in issues)
+            raise InvalidPayload(f"invalid_payload: the payload of {key!r} does not match its schema: {summary}", issues=issues)
+        reply: Any = None
+        failures: list[str] = []
+        for handler, value in zip(handlers, decoded, strict=True):
+            try:
+                reply = await call_maybe_async(handler.fn, self.ctx, value)
+            except Exception as exc:
+                log.warning("handler for %r from %s failed: %s", key, sender, exc)
+                failures.append(f"{type(exc).__name__}: {exc}")
+        reply = encode(reply) if reply is not None else None
+        if failures:
+            await self._event("curb.message", {**event, "outcome": "handler_failed", "error": failures[0]})
+            raise HandlerFailed(f"handler_failed: a handler of {key!r} raised {failures[0]}")
+        kept_reply, reply_truncated = keep_json(reply)
+        record = {**event, "outcome": "delivered", "reply": kept_reply}
+        if truncated or reply_truncated:
+            record["truncated"] = True
+        await self._event("curb.message", record)
+        return reply
+
+    async def deliver_host(self, message: HostMessage) -> None:
+        """A host message: a reply to a waiting ask resolves it; anything else goes to handlers."""
+        if message.in_reply_to is not None:
+            waiter = self._asks.pop(message.in_reply_to, None)
+            if waiter is not None:
+                waiter.send_nowait(message.payload)
+                await self._event(
+                    "curb.message",
+                    {"from": "host", "key": message.name, "id": message.id, "inReplyTo": message.in_reply_to, "payload": keep_json(message.payload)[0], "outcome": "reply"},
+                )
+                return
+        await self.deliver("host", message.name, message.payload, message_id=message.id)
+
+    async def handle_client_request(self, method: str, payload: str, caller: str) -> str:
+        """The caller's app: ``curb.message`` (``{key, id, payload}`` -> ``{reply}``) and ``curb.update``.
+
+        A refusal raises :class:`ClientRefusal` whose message is the code.
+        """
+        if len(payload.encode()) > MAX_CLIENT_REQUEST_BYTES:
+            raise ClientRefusal("payload_too_large")
+        if not self.ready.is_set():
+            with trio.move_on_after(CLIENT_WAIT_S):
+                await self.ready.wait()
+            if not self.ready.is_set():
+                raise ClientRefusal("not_adjustable" if method == "curb.update" else "no_handler")
+        try:
+            body = json.loads(payload)
+        except ValueError:
+            raise ClientRefusal("invalid_request") from None
+        try:
+            if method == "curb.update":
+                return json.dumps(encode(await self.adjust("client", body)), separators=(",", ":"))
+            if method == "curb.message":
+                if not isinstance(body, dict) or not isinstance(body.get("key"), str):
+                    raise InvalidRequest("curb.message takes {key, id, payload}")
+                reply = await self.deliver("client", body["key"], body.get("payload"), message_id=body.get("id"))
+                return json.dumps({"reply": reply}, separators=(",", ":"))
+        except RunnerError as refusal:
+            raise ClientRefusal(refusal.code, _refusal_details(refusal)) from None
+        raise ClientRefusal("not_found")
+
+    # -- The link agent code uses (ctx.send, ctx.ask_host, ctx.settings) --------------------
+
+    def _warn_once(self, key: str, reason: str) -> None:
+        if (key, reason) not in self._warned:
+            self._warned.add((key, reason))
+            log.warning("message %r dropped: %s", key, reason)
+
+    def to_client(self, key: str, payload: Mapping[str, Any] | None) -> None:
+        check_key(key)
+        session = self.session
+        reachable = session.client_reachable() if session is not None else "no_app"
+        if session is None or reachable != "ok":
+            reason = "the call is a phone call (no data channel)" if reachable == "phone" else "no app is in the room"
+            self._warn_once(key, reason)
+            self.undelivered_to_client[key] = self.undelivered_to_client.get(key, 0) + 1
+            return
+        body = dict(payload or {})
+
+        async def send() -> None:
+            await session.send_to_client(key, body)
+            await self._event("curb.toClient", {"key": key, "payload": keep_json(body)[0]})
+
+        self._outbox_send.send_nowait(send)
+
+    def to_host(self, key: str, payload: Mapping[str, Any] | None) -> None:
+        check_key(key)
+        if not self.host_connected:
+            self._warn_once(key, "no host is connected")
+            return
+        self._host_count += 1
+        record = {"type": "host", "id": f"h-{self._host_count}", "name": key, **_kept(payload), "expectsReply": False}
+
+        async def send() -> None:
+            await self._write("host", record)
+
+        self._outbox_send.send_nowait(send)
+
+    async def ask_host(self, key: str, payload: Mapping[str, Any] | None, timeout_s: float) -> Any:
+        check_key(key)
+        if not self.host_connected:
+            raise HostUnavailableError("no host is connected to this call")
+        self._ask_count += 1
+        ask_id = f"a-{self._ask_count}"
+        send, receive = trio.open_memory_channel[Any](1)
+        self._asks[ask_id] = send
+        try:
+            await self._write("host", {"type": "host", "id": ask_id, "name": key, **_kept(payload), "expectsReply": True})
+            with trio.move_on_after(timeout_s):
+                try:
+                    return await receive.receive()
+                except trio.EndOfChannel:
+                    raise HostUnavailableError("the call ended while the agent waited for the host") from None
+            raise HostTimeoutError(f"the host did not answer {key!r} within {timeout_s:g} s")
+        finally:
+            self._asks.pop(ask_id, None)
+
+    async def _serve_outbox(self) -> None:
+        # One task sends what agent code queued, so messages leave in the order they were sent.
+        async for send in self._outbox:
+            try:
+                await send()
+            except Exception as exc:
+                log.warning("a message could not be sent: %s", exc)
+
+    # -- Records ----------------------------------------------------------------------------
+
+    async def _write(self, cls: str, body: dict[str, Any]) -> None:
+        if self.record is not None:
+            await self.record.write(cls, body)
+
+    async def _event(self, name: str, payload: Mapping[str, Any]) -> None:
+        if self.record is not None:
+            await self.record.event(name, payload)
+
+    async def _write_summary(self) -> None:
+        await self._event(
+            "curb.messages",
+            {"undeliveredToClient": dict(self.undelivered_to_client), "refusedQueuedHostMessages": self.refused_queued_host_messages},
+        )
+
+
+def _kept(payload: Mapping[str, Any] | None) -> dict[str, Any]:
+    kept, truncated = keep_json(dict(payload or {}))
+    return {"payload": kept, "truncated": True} if truncated else {"payload": kept}
+
+
+def _refusal_details(refusal: RunnerError) -> dict[str, Any]:
+    details: dict[str, Any] = {}
+    if isinstance(refusal, NotAdjustable):
+        details["path"] = refusal.path
+    issues = getattr(refusal, "issues", None)
+    if issues:
+        details["issues"] = [{"path": i.path, "message": i.message} for i in issues]
+    return details
+
+
+def conversation_factory(agent: Agent, *, host_connected: bool) -> Callable[[CallContext, CallRecord], AgentRuntime]:
+    """The runner's way to make this agent's side of each call.
+
+    Args:
+        agent: The agent.
+        host_connected: The call's record is read by a host.
+    """
+
+    def make(call: CallContext, record: CallRecord) -> AgentRuntime:
+        return AgentRuntime(agent, call, record, host_connected=host_connected)
+
+    return make

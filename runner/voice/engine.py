@@ -1,0 +1,419 @@
+"""The turn engine: words in, a streamed reply out, spoken sentence by sentence.
+
+One turn: the model streams its reply; tool calls run in bounded rounds; the reply is
+cut into sentences as it arrives and each sentence is synthesized while later ones are
+still being written, so the first sentence is audio early. Everything the turn does is
+reported as :data:`TurnEvent` values to one ``emit`` callback, which each transport maps
+to its own wire (WebSocket frames, a LiveKit track, a terminal).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+from typing import Any
+
+import attrs
+import trio
+
+from ..providers import LLM, TTS, ChatMessage, ProviderError, TextDelta, ToolCall, ToolSpec, Usage
+from .chunker import SentenceChunker
+
+# -- What a turn reports ---------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TurnStarted:
+    turn: str
+
+
+@attrs.frozen(kw_only=True)
+class ReplyDelta:
+    turn: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ReplyChunk:
+    turn: str
+    chunk: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class AudioStart:
+    turn: str
+    chunk: int
+    sample_rate_hz: int
+
+
+@attrs.frozen(kw_only=True)
+class AudioData:
+    turn: str
+    chunk: int
+    pcm: bytes
+
+
+@attrs.frozen(kw_only=True)
+class AudioEnd:
+    turn: str
+    chunk: int
+    bytes: int
+    audio_seconds: float
+
+
+@attrs.frozen(kw_only=True)
+class ToolStarted:
+    turn: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class ToolEnded:
+    turn: str
+    call_id: str
+    name: str
+    ok: bool
+    ms: int
+    result: Any
+    error: str | None
+
+
+@attrs.frozen(kw_only=True)
+class UsageReported:
+    turn: str
+    usage: Usage
+    generation_seconds: float
+
+
+@attrs.frozen(kw_only=True)
+class SpeechFailed:
+    """A chunk could not be spoken; the text turn carries on."""
+
+    turn: str
+    chunk: int
+    code: str
+    message: str
+
+
+@attrs.frozen(kw_only=True)
+class Muted:
+    turn: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolRecord:
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    result: Any
+    ok: bool
+    error: str | None
+    ms: int
+    round: int
+
+
+@attrs.frozen(kw_only=True)
+class Timings:
+    model_first_text_ms: int | None
+    first_audio_sent_ms: int | None
+    total_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class TurnResult:
+    """How a turn ended: exactly one per turn, ``interrupted`` or done."""
+
+    turn: str
+    text: str
+    interrupted: bool
+    reason: str | None
+    error_code: str | None
+    chunks_spoken: int
+    tool_calls: tuple[ToolRecord, ...]
+    usage: tuple[Usage, ...]
+    timings: Timings
+    heard: str | None = None
+    heard_seconds: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnFinished:
+    result: TurnResult
+
+
+TurnEvent = (
+    TurnStarted
+    | ReplyDelta
+    | ReplyChunk
+    | AudioStart
+    | AudioData
+    | AudioEnd
+    | ToolStarted
+    | ToolEnded
+    | UsageReported
+    | SpeechFailed
+    | Muted
+    | TurnFinished
+)
+Emit = Callable[[TurnEvent], Awaitable[None]]
+
+
+@attrs.frozen(kw_only=True)
+class ToolOutcome:
+    """What running a tool gave: ``result`` when ``ok``, else ``error``."""
+
+    ok: bool
+    result: Any = None
+    error: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnPlan:
+    """What one turn works with, fixed when it starts (a new voice waits for the next reply)."""
+
+    llm: LLM
+    tts: TTS | None
+    instructions: Callable[[], str]
+    tools: Callable[[], Sequence[ToolSpec]]
+    run_tool: Callable[[ToolCall], Awaitable[ToolOutcome]]
+    max_tool_rounds: int = 4
+
+
+def new_turn_id() -> str:
+    return "turn_" + secrets.token_hex(8)
+
+
+class Turn:
+    """One running turn. :meth:`cancel` ends it interrupted; :meth:`mute` stops its voice."""
+
+    def __init__(self, plan: TurnPlan, history: list[ChatMessage], emit: Emit, *, turn_id: str | None = None) -> None:
+        self.id = turn_id or new_turn_id()
+        self._plan = plan
+        self._history = history
+        self._emit = emit
+        self._scope = trio.CancelScope()
+        self._muted = False
+        self._mute_requested = trio.Event()
+        self._reason: str | None = None
+        self.text = ""
+        self._chunks_spoken = 0
+        self._tool_calls: list[ToolRecord] = []
+        self._usage: list[Usage] = []
+        self._started = 0.0
+        self._first_text: float | None = None
+        self._first_audio: float | None = None
+        self._audio_open = False
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop generating and speaking; the turn ends interrupted with what was said so far."""
+        if self._reason is None:
+            self._reason = reason
+        self._scope.cancel()
+
+    def mute(self) -> None:
+        """Stop speaking but let the turn finish; later sentences are never synthesized."""
+        self._muted = True
+        self._mute_requested.set()
+
+    def _ms(self, at: float | None) -> int | None:
+        return None if at is None else int((at - self._started) * 1000)
+
+    async def run(
+        self, user: str | None, *, scripted: str | None = None, heard: str | None = None, heard_seconds: float | None = None
+    ) -> TurnResult:
+        """Run the turn to its end and return how it ended.
+
+        Args:
+            user: The person's words (``None`` for an opening line).
+            scripted: Speak this text as written instead of asking the model.
+            heard: For a spoken turn, the transcript (also in ``user``).
+            heard_seconds: How much audio it was.
+        """
+        self._started = time.monotonic()
+        await self._emit(TurnStarted(turn=self.id))
+        if user is not None:
+            self._history.append(ChatMessage(role="user", content=user))
+        error_code: str | None = None
+        with self._scope:
+            try:
+                await self._produce(scripted)
+            except ProviderError as exc:
+                error_code = exc.code
+                self._reason = f"{exc.code}: {exc}"
+        interrupted = self._reason is not None
+        if self.text:
+            self._history.append(ChatMessage(role="assistant", content=self.text))
+        result = TurnResult(
+            turn=self.id,
+            text=self.text,
+            interrupted=interrupted,
+            reason=self._reason,
+            error_code=error_code,
+            chunks_spoken=self._chunks_spoken,
+            tool_calls=tuple(self._tool_calls),
+            usage=tuple(self._usage),
+            timings=Timings(
+                model_first_text_ms=self._ms(self._first_text),
+                first_audio_sent_ms=self._ms(self._first_audio),
+                total_ms=self._ms(time.monotonic()) or 0,
+            ),
+            heard=heard,
+            heard_seconds=heard_seconds,
+        )
+        with trio.CancelScope(shield=True):
+            await self._emit(TurnFinished(result=result))
+        return result
+
+    async def _produce(self, scripted: str | None) -> None:
+        send_chunk, receive_chunk = trio.open_memory_channel[str](math.inf)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._speak, receive_chunk)
+            async with send_chunk:
+                chunker = SentenceChunker()
+                if scripted is not None:
+                    await self._text(scripted, chunker, send_chunk)
+                else:
+                    await self._generate(chunker, send_chunk)
+                for piece in chunker.flush():
+                    await self._chunk(piece, send_chunk)
+
+    async def _text(self, text: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
+        if self._first_text is None:
+            self._first_text = time.monotonic()
+        self.text += text
+        await self._emit(ReplyDelta(turn=self.id, text=text))
+        for piece in chunker.feed(text):
+            await self._chunk(piece, send_chunk)
+
+    async def _chunk(self, piece: str, send_chunk: trio.MemorySendChannel[str]) -> None:
+        send_chunk.send_nowait(piece)
+        await trio.lowlevel.checkpoint()
+
+    async def _generate(self, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
+        plan = self._plan
+        messages_before = len(self._history)
+        for round_ in range(plan.max_tool_rounds + 1):
+            # The last round offers no tools, so the model must answer in words.
+            tools = plan.tools() if round_ < plan.max_tool_rounds else ()
+            messages = [ChatMessage(role="system", content=plan.instructions()), *self._history]
+            calls: list[ToolCall] = []
+            began = time.monotonic()
+            round_text = ""
+            async with aclosing(_stream(plan.llm, messages, tools)) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        round_text += event.text
+                        await self._text(event.text, chunker, send_chunk)
+                    elif isinstance(event, ToolCall):
+                        calls.append(event)
+                    elif isinstance(event, Usage):
+                        self._usage.append(event)
+                        await self._emit(
+                            UsageReported(turn=self.id, usage=event, generation_seconds=time.monotonic() - began)
+                        )
+            if not calls:
+                return
+            self._history.append(ChatMessage(role="assistant", content=round_text, tool_calls=tuple(calls)))
+            for call in calls:
+                await self._run_tool(call, round_)
+            del messages_before
+
+    async def _run_tool(self, call: ToolCall, round_: int) -> None:
+        arguments = dict(call.arguments)
+        await self._emit(ToolStarted(turn=self.id, call_id=call.id, name=call.name, arguments=arguments))
+        began = time.monotonic()
+        outcome = await self._plan.run_tool(call)
+        ms = int((time.monotonic() - began) * 1000)
+        record = ToolRecord(
+            call_id=call.id,
+            name=call.name,
+            arguments=arguments,
+            result=outcome.result,
+            ok=outcome.ok,
+            error=outcome.error,
+            ms=ms,
+            round=round_,
+        )
+        self._tool_calls.append(record)
+        await self._emit(
+            ToolEnded(turn=self.id, call_id=call.id, name=call.name, ok=outcome.ok, ms=ms, result=outcome.result, error=outcome.error)
+        )
+        content = _tool_content(outcome)
+        self._history.append(ChatMessage(role="tool", content=content, tool_call_id=call.id))
+
+    async def _speak(self, chunks: trio.MemoryReceiveChannel[str]) -> None:
+        index = 0
+        async for piece in chunks:
+            chunk = index
+            index += 1
+            await self._emit(ReplyChunk(turn=self.id, chunk=chunk, text=piece))
+            tts = self._plan.tts
+            if tts is None or self._muted:
+                continue
+            await self._say(tts, chunk, piece)
+        if self._mute_requested.is_set():
+            await self._emit(Muted(turn=self.id))
+
+    async def _say(self, tts: TTS, chunk: int, piece: str) -> None:
+        sent = 0
+        opened = False
+        try:
+            with trio.CancelScope() as mute_scope:
+
+                async def stop_on_mute() -> None:
+                    await self._mute_requested.wait()
+                    mute_scope.cancel()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stop_on_mute)
+                    async with aclosing(_synthesize(tts, piece)) as audio:
+                        async for pcm in audio:
+                            if not opened:
+                                opened = True
+                                self._audio_open = True
+                                await self._emit(AudioStart(turn=self.id, chunk=chunk, sample_rate_hz=tts.sample_rate_hz))
+                            if self._first_audio is None:
+                                self._first_audio = time.monotonic()
+                            sent += len(pcm)
+                            await self._emit(AudioData(turn=self.id, chunk=chunk, pcm=pcm))
+                    nursery.cancel_scope.cancel()
+        except ProviderError as exc:
+            await self._emit(SpeechFailed(turn=self.id, chunk=chunk, code=exc.code, message=str(exc)))
+        finally:
+            if opened:
+                self._audio_open = False
+                with trio.CancelScope(shield=True):
+                    await self._emit(
+                        AudioEnd(turn=self.id, chunk=chunk, bytes=sent, audio_seconds=sent / 2 / tts.sample_rate_hz)
+                    )
+                if sent:
+                    self._chunks_spoken += 1
+
+
+def _tool_content(outcome: ToolOutcome) -> str:
+    import json
+
+    if not outcome.ok:
+        return json.dumps({"error": outcome.error})
+    if isinstance(outcome.result, str):
+        return outcome.result
+    return json.dumps(outcome.result, default=str)
+
+
+async def _stream(llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> AsyncIterator[Any]:
+    # One place owns the provider's iterator, so a cancelled turn always closes it.
+    async with aclosing(llm.stream(messages, tools)) as events:  # type: ignore[type-var]
+        async for event in events:
+            yield event
+
+
+async def _synthesize(tts: TTS, text: str) -> AsyncIterator[bytes]:
+    async with aclosing(tts.synthesize(text)) as audio:  # type: ignore[type-var]
+        async for pcm in audio:
+            yield pcm

@@ -1,0 +1,76 @@
+"""Hearing the caller: voice activity detection decides when they stopped, then STT.
+
+Feed the caller's PCM frames; get :class:`SpeechStarted` as soon as they talk (a
+barge-in) and an :class:`Utterance` with its transcript once they stop.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..providers import STT
+from .vad import EnergyVad
+
+# Keep a little audio from before the detector was sure, so the first syllable is heard.
+_PREROLL_MS = 300
+
+
+@attrs.frozen(kw_only=True)
+class SpeechStarted:
+    at_ms: float
+
+
+@attrs.frozen(kw_only=True)
+class Utterance:
+    text: str
+    audio_seconds: float
+
+
+Heard = SpeechStarted | Utterance
+
+
+class Listener:
+    """One caller's ear. ``silence_ms`` of quiet ends an utterance."""
+
+    def __init__(self, stt: STT, *, silence_ms: int = 500) -> None:
+        self._stt = stt
+        self._silence_ms = silence_ms
+        self._vad: EnergyVad | None = None
+        self._rate = 0
+        self._recent = b""
+        self._speech = bytearray()
+
+    async def feed(self, pcm: bytes, sample_rate_hz: int) -> list[Heard]:
+        """Take one frame; return what it completed (a start, and or an utterance)."""
+        if self._vad is None or sample_rate_hz != self._rate:
+            self._vad = EnergyVad(sample_rate_hz, silence_ms=self._silence_ms)
+            self._rate = sample_rate_hz
+            self._recent = b""
+            self._speech.clear()
+        vad = self._vad
+        was_speaking = vad.in_speech
+        if was_speaking:
+            self._speech += pcm
+        else:
+            preroll = sample_rate_hz * 2 * _PREROLL_MS // 1000
+            self._recent = (self._recent + pcm)[-preroll:]
+        heard: list[Heard] = []
+        for event in vad.feed(pcm):
+            if event.kind == "speech_started":
+                self._speech = bytearray(self._recent)
+                self._recent = b""
+                heard.append(SpeechStarted(at_ms=event.at_ms))
+            else:
+                heard.append(await self._finish())
+        return heard
+
+    async def flush(self) -> list[Heard]:
+        """The caller's audio ended: finish an utterance in progress."""
+        if self._vad is not None and self._vad.flush():
+            return [await self._finish()]
+        return []
+
+    async def _finish(self) -> Utterance:
+        audio, self._speech = bytes(self._speech), bytearray()
+        transcript = await self._stt.transcribe(audio, self._rate)
+        return Utterance(text=transcript.text.strip(), audio_seconds=transcript.audio_seconds)
