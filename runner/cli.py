@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="one local call over the loopback transport, with the management port")
     _add_common(dev)
 
+    console = sub.add_parser("console", help="talk to an agent in the terminal (no transport, no server)")
+    console.add_argument("agent", nargs="?", help="the agent: a module or module:attr (default: the built-in example)")
+    console.add_argument("--text", action="store_true", help="text only: print replies, speak nothing")
+    console.add_argument("--wav", default="console.wav", help="where spoken replies go without --text")
+
     replay = sub.add_parser("replay", help="print a journal's records, live or after the fact")
     replay.add_argument("--from", dest="from_", type=int, default=0, help="exclusive cursor (default 0: all retained)")
     replay.add_argument("--journal", default="runner-journal.db")
@@ -120,6 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return replay(
             args.journal, after=args.from_, producer=args.producer, cls=args.cls, follow=args.follow, as_json=args.json
         )
+    if args.command == "console":
+        from pathlib import Path
+
+        from .console import run_console
+
+        agent = load_agent(args.agent)
+        return trio.run(lambda: run_console(agent, text_only=args.text, wav_path=Path(args.wav)))
     try:
         return _serve(args)
     except KeyboardInterrupt:

@@ -329,7 +329,6 @@ class AgentRuntime:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._serve_outbox)
                 nursery.start_soon(self._serve_turns)
-                self.ready.set()
                 greeting = self.agent.greeting
                 if greeting is True:
                     self._queue_turn(None)
@@ -337,6 +336,7 @@ class AgentRuntime:
                     line = greeting(self.ctx) if callable(greeting) else greeting
                     if line:
                         self._queue_turn(None, scripted=line)
+                self.ready.set()
                 async for event in events:
                     await self._on_event(event, nursery)
         finally:
