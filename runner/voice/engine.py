@@ -9,6 +9,7 @@ to its own wire (WebSocket frames, a LiveKit track, a terminal).
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 import time
@@ -107,6 +108,25 @@ class Muted:
 
 
 @attrs.frozen(kw_only=True)
+class Heard:
+    """A spoken turn's transcript, once the turn has heard it (before the reply)."""
+
+    turn: str
+    text: str
+    audio_seconds: float
+
+
+@attrs.frozen(kw_only=True)
+class ToolConfirmRequested:
+    """A tool that asks first was called and has not run: the person must say yes."""
+
+    turn: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
 class ToolRecord:
     call_id: str
     name: str
@@ -160,8 +180,12 @@ TurnEvent = (
     | SpeechFailed
     | Muted
     | TurnFinished
+    | Heard
+    | ToolConfirmRequested
 )
 Emit = Callable[[TurnEvent], Awaitable[None]]
+# Hears a spoken turn inside it: returns the transcript and how many seconds of audio it was.
+Hear = Callable[[], Awaitable[tuple[str, float]]]
 
 
 @attrs.frozen(kw_only=True)
@@ -199,7 +223,6 @@ class Turn:
         self._emit = emit
         self._scope = trio.CancelScope()
         self._muted = False
-        self._mute_requested = trio.Event()
         self._reason: str | None = None
         self.text = ""
         self._chunks_spoken = 0
@@ -208,7 +231,6 @@ class Turn:
         self._started = 0.0
         self._first_text: float | None = None
         self._first_audio: float | None = None
-        self._audio_open = False
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop generating and speaking; the turn ends interrupted with what was said so far."""
@@ -219,13 +241,24 @@ class Turn:
     def mute(self) -> None:
         """Stop speaking but let the turn finish; later sentences are never synthesized."""
         self._muted = True
-        self._mute_requested.set()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the turn was cancelled (or failed), once it was; ``None`` while it runs on."""
+        return self._reason
 
     def _ms(self, at: float | None) -> int | None:
         return None if at is None else int((at - self._started) * 1000)
 
     async def run(
-        self, user: str | None, *, scripted: str | None = None, heard: str | None = None, heard_seconds: float | None = None
+        self,
+        user: str | None,
+        *,
+        scripted: str | None = None,
+        heard: str | None = None,
+        heard_seconds: float | None = None,
+        hear: Hear | None = None,
+        run_first: Sequence[ToolCall] = (),
     ) -> TurnResult:
         """Run the turn to its end and return how it ended.
 
@@ -234,6 +267,10 @@ class Turn:
             scripted: Speak this text as written instead of asking the model.
             heard: For a spoken turn, the transcript (also in ``user``).
             heard_seconds: How much audio it was.
+            hear: For a spoken turn whose words are not known yet: called once the turn
+                started, its transcript becomes the person's words (reported as
+                :class:`Heard`); a cancel or a provider error during it ends the turn.
+            run_first: Tool calls to run before the model is asked (a confirmed tool).
         """
         self._started = time.monotonic()
         await self._emit(TurnStarted(turn=self.id))
@@ -242,6 +279,14 @@ class Turn:
         error_code: str | None = None
         with self._scope:
             try:
+                if hear is not None:
+                    heard, heard_seconds = await hear()
+                    self._history.append(ChatMessage(role="user", content=heard))
+                    await self._emit(Heard(turn=self.id, text=heard, audio_seconds=heard_seconds))
+                if run_first:
+                    self._history.append(ChatMessage(role="assistant", content="", tool_calls=tuple(run_first)))
+                    for call in run_first:
+                        await self._run_tool(call, 0)
                 await self._produce(scripted)
             except ProviderError as exc:
                 error_code = exc.code
@@ -297,7 +342,6 @@ class Turn:
 
     async def _generate(self, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
         plan = self._plan
-        messages_before = len(self._history)
         for round_ in range(plan.max_tool_rounds + 1):
             # The last round offers no tools, so the model must answer in words.
             tools = plan.tools() if round_ < plan.max_tool_rounds else ()
@@ -322,7 +366,6 @@ class Turn:
             self._history.append(ChatMessage(role="assistant", content=round_text, tool_calls=tuple(calls)))
             for call in calls:
                 await self._run_tool(call, round_)
-            del messages_before
 
     async def _run_tool(self, call: ToolCall, round_: int) -> None:
         arguments = dict(call.arguments)
@@ -357,37 +400,29 @@ class Turn:
             if tts is None or self._muted:
                 continue
             await self._say(tts, chunk, piece)
-        if self._mute_requested.is_set():
+        if self._muted:
             await self._emit(Muted(turn=self.id))
 
     async def _say(self, tts: TTS, chunk: int, piece: str) -> None:
         sent = 0
         opened = False
         try:
-            with trio.CancelScope() as mute_scope:
-
-                async def stop_on_mute() -> None:
-                    await self._mute_requested.wait()
-                    mute_scope.cancel()
-
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(stop_on_mute)
-                    async with aclosing(_synthesize(tts, piece)) as audio:
-                        async for pcm in audio:
-                            if not opened:
-                                opened = True
-                                self._audio_open = True
-                                await self._emit(AudioStart(turn=self.id, chunk=chunk, sample_rate_hz=tts.sample_rate_hz))
-                            if self._first_audio is None:
-                                self._first_audio = time.monotonic()
-                            sent += len(pcm)
-                            await self._emit(AudioData(turn=self.id, chunk=chunk, pcm=pcm))
-                    nursery.cancel_scope.cancel()
+            async with aclosing(_synthesize(tts, piece)) as audio:
+                async for pcm in audio:
+                    # A mute stops the voice between two pieces of audio (tens of ms).
+                    if self._muted:
+                        break
+                    if not opened:
+                        opened = True
+                        await self._emit(AudioStart(turn=self.id, chunk=chunk, sample_rate_hz=tts.sample_rate_hz))
+                    if self._first_audio is None:
+                        self._first_audio = time.monotonic()
+                    sent += len(pcm)
+                    await self._emit(AudioData(turn=self.id, chunk=chunk, pcm=pcm))
         except ProviderError as exc:
             await self._emit(SpeechFailed(turn=self.id, chunk=chunk, code=exc.code, message=str(exc)))
         finally:
             if opened:
-                self._audio_open = False
                 with trio.CancelScope(shield=True):
                     await self._emit(
                         AudioEnd(turn=self.id, chunk=chunk, bytes=sent, audio_seconds=sent / 2 / tts.sample_rate_hz)
@@ -397,8 +432,6 @@ class Turn:
 
 
 def _tool_content(outcome: ToolOutcome) -> str:
-    import json
-
     if not outcome.ok:
         return json.dumps({"error": outcome.error})
     if isinstance(outcome.result, str):

@@ -1,0 +1,129 @@
+import numpy as np
+import pytest
+
+from runner.providers.espeak import EspeakTTS
+from runner.voice.audio import frames
+from runner.voice.vad import EnergyVad, VadEvent
+
+RATE = 22_050
+
+
+async def speech(text: str) -> bytes:
+    tts = EspeakTTS("en-us")
+    return b"".join([chunk async for chunk in tts.synthesize(text)])
+
+
+def noise(seconds: float, dbfs: float, seed: int = 0) -> bytes:
+    sd = 32768 * 10 ** (dbfs / 20)
+    x = np.random.default_rng(seed).normal(0.0, sd, int(RATE * seconds))
+    return np.clip(np.rint(x), -32768, 32767).astype("<i2").tobytes()
+
+
+def mix(a: bytes, b: bytes) -> bytes:
+    x = np.frombuffer(a, "<i2").astype(np.int32) + np.frombuffer(b, "<i2").astype(np.int32)
+    return np.clip(x, -32768, 32767).astype("<i2").tobytes()
+
+
+def voiced_span_ms(pcm: bytes) -> tuple[float, float]:
+    """Where the signal is above a low amplitude, in ms: the ground truth to compare to."""
+    loud = np.flatnonzero(np.abs(np.frombuffer(pcm, "<i2")) > 300)
+    return loud[0] * 1000 / RATE, (loud[-1] + 1) * 1000 / RATE
+
+
+def run(vad: EnergyVad, pcm: bytes, chunk_ms: int = 20) -> list[VadEvent]:
+    events: list[VadEvent] = []
+    for frame in frames(pcm, RATE, chunk_ms):
+        events.extend(vad.feed(frame))
+    return events
+
+
+@pytest.mark.parametrize("noise_dbfs", [None, -55.0, -38.0])
+async def test_detects_one_utterance_start_and_end(noise_dbfs: float | None) -> None:
+    voice = await speech("Please call me tomorrow morning, the weather is sunny today.")
+    lead, tail = 1.0, 1.5
+    clip = bytes(2 * int(RATE * lead)) + voice + bytes(2 * int(RATE * tail))
+    if noise_dbfs is not None:
+        clip = mix(clip, noise(len(clip) / 2 / RATE, noise_dbfs))
+    onset, offset = voiced_span_ms(voice)
+    onset += lead * 1000
+    offset += lead * 1000
+
+    vad = EnergyVad(RATE, frame_ms=20, silence_ms=500, min_speech_ms=100)
+    events = run(vad, clip)
+
+    assert [e.kind for e in events] == ["speech_started", "speech_ended"]
+    started, ended = events
+    assert abs(started.at_ms - onset) <= 80
+    assert abs(ended.at_ms - offset) <= 120
+    assert not vad.in_speech
+
+
+async def test_events_come_after_the_configured_waits() -> None:
+    voice = await speech("Hello there.")
+    clip = bytes(2 * RATE // 2) + voice + bytes(2 * RATE * 2)
+    vad = EnergyVad(RATE, frame_ms=20, silence_ms=700, min_speech_ms=200)
+    reported: list[tuple[str, float, float]] = []
+    for frame in frames(clip, RATE, 20):
+        for event in vad.feed(frame):
+            reported.append((event.kind, event.at_ms, vad.position_ms))
+    (k1, at1, seen1), (k2, at2, seen2) = reported
+    assert (k1, k2) == ("speech_started", "speech_ended")
+    assert seen1 - at1 == pytest.approx(200, abs=20)
+    assert seen2 - at2 == pytest.approx(700, abs=20)
+
+
+@pytest.mark.parametrize(
+    "clip",
+    [bytes(2 * RATE * 3), noise(3.0, -60.0), noise(3.0, -35.0), noise(3.0, -20.0)],
+    ids=["digital-silence", "faint-noise", "room-noise", "loud-steady-noise"],
+)
+def test_reports_nothing_without_speech(clip: bytes) -> None:
+    vad = EnergyVad(RATE)
+    assert run(vad, clip) == []
+    assert not vad.in_speech
+
+
+def test_a_click_is_shorter_than_min_speech() -> None:
+    click = np.zeros(RATE, "<i2")
+    click[RATE // 2 : RATE // 2 + RATE // 50] = 12_000  # 20 ms
+    vad = EnergyVad(RATE, min_speech_ms=100)
+    assert run(vad, click.tobytes()) == []
+
+
+def test_noise_floor_follows_the_room() -> None:
+    vad = EnergyVad(RATE, noise_window_ms=1000)
+    run(vad, noise(1.5, -40.0))
+    assert vad.noise_floor_dbfs == pytest.approx(-40.0, abs=2.0)
+    run(vad, noise(1.5, -60.0, seed=1))
+    assert vad.noise_floor_dbfs == pytest.approx(-60.0, abs=2.0)
+
+
+async def test_any_chunking_gives_the_same_events() -> None:
+    voice = await speech("Thank you very much.")
+    clip = bytes(RATE) + voice + bytes(2 * RATE)
+    whole = EnergyVad(RATE).feed(clip)
+    pieces = EnergyVad(RATE)
+    odd: list[VadEvent] = []
+    for i in range(0, len(clip), 2 * 337):
+        odd.extend(pieces.feed(clip[i : i + 2 * 337]))
+    assert whole == odd
+    assert [e.kind for e in whole] == ["speech_started", "speech_ended"]
+
+
+async def test_flush_ends_an_utterance_cut_short() -> None:
+    voice = await speech("Thank you very much.")
+    vad = EnergyVad(RATE)
+    events = vad.feed(bytes(RATE) + voice)
+    assert [e.kind for e in events] == ["speech_started"]
+    assert vad.in_speech
+    (end,) = vad.flush()
+    assert end.kind == "speech_ended"
+    assert end.at_ms == pytest.approx(voiced_span_ms(voice)[1] + 500, abs=60)
+    assert not vad.in_speech
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError):
+        EnergyVad(16_000, start_margin_db=6, stop_margin_db=10)
+    with pytest.raises(ValueError):
+        EnergyVad(0)
