@@ -317,16 +317,25 @@ class Turn:
 
     async def _produce(self, scripted: str | None) -> None:
         send_chunk, receive_chunk = trio.open_memory_channel[str](math.inf)
+        failure: ProviderError | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._speak, receive_chunk)
             async with send_chunk:
                 chunker = SentenceChunker()
-                if scripted is not None:
-                    await self._text(scripted, chunker, send_chunk)
+                try:
+                    if scripted is not None:
+                        await self._text(scripted, chunker, send_chunk)
+                    else:
+                        await self._generate(chunker, send_chunk)
+                except ProviderError as exc:
+                    # The model failed: stop speaking too, and end the turn interrupted.
+                    failure = exc
+                    nursery.cancel_scope.cancel()
                 else:
-                    await self._generate(chunker, send_chunk)
-                for piece in chunker.flush():
-                    await self._chunk(piece, send_chunk)
+                    for piece in chunker.flush():
+                        await self._chunk(piece, send_chunk)
+        if failure is not None:
+            raise failure
 
     async def _text(self, text: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
         if self._first_text is None:
@@ -361,7 +370,8 @@ class Turn:
                         await self._emit(
                             UsageReported(turn=self.id, usage=event, generation_seconds=time.monotonic() - began)
                         )
-            if not calls:
+            if not calls or not tools:
+                # A model that calls a tool it was not offered gets no more rounds.
                 return
             self._history.append(ChatMessage(role="assistant", content=round_text, tool_calls=tuple(calls)))
             for call in calls:
