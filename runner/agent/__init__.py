@@ -14,6 +14,7 @@
 """
 
 from ._authoring import Agent as Agent
+from ._authoring import AppTool as AppTool
 from ._authoring import MessageHandler as MessageHandler
 from ._authoring import Offer as Offer
 from ._authoring import Skill as Skill

@@ -57,7 +57,7 @@ def _json_schema(annotation: Any, where: str) -> dict[str, Any]:
             return _json_schema(options[0], where)
         return {"anyOf": [_json_schema(a, where) for a in options]}
     if attrs.has(annotation):
-        fields = attrs.fields(annotation)
+        fields = attrs.fields(attrs.resolve_types(annotation))
         return {
             "type": "object",
             "properties": {f.name: _json_schema(f.type, where) for f in fields},
@@ -107,7 +107,10 @@ def make_tool(
     tool_name = name or fn.__name__
     if not tool_name.replace("_", "").replace("-", "").isalnum() or len(tool_name) > 64:
         raise AuthoringError(f"tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'")
-    hints = typing.get_type_hints(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except (NameError, TypeError) as exc:
+        raise AuthoringError(f"tool {tool_name!r}: {_unresolved(fn)}cannot resolve its annotations: {exc}") from None
     params = list(inspect.signature(fn).parameters.values())
     if not params:
         raise AuthoringError(f"tool {tool_name!r} must take the call context as its first parameter")
@@ -136,6 +139,53 @@ def make_tool(
         ask_first=ask_first,
         filler=filler,
     )
+
+
+DEFAULT_APP_TOOL_TIMEOUT_MS = 10_000
+MAX_APP_TOOL_TIMEOUT_MS = 600_000
+
+
+@attrs.frozen(kw_only=True)
+class AppTool:
+    """A tool the caller's app runs, not the runner (``tool.call`` / ``tool.result`` on the socket).
+
+    Offered to the model only on a connection whose app named it when it connected.
+
+    Attributes:
+        name: What the model and the app call it.
+        description: What it is for, as the model reads it.
+        parameters: The JSON Schema of its arguments.
+        action_only: The app just does it: the reply goes on at once and no answer is wanted.
+        timeout_ms: How long a call waits for the app's answer before it fails.
+        when: Offered only while ``when(ctx)`` holds.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    action_only: bool = False
+    timeout_ms: int = DEFAULT_APP_TOOL_TIMEOUT_MS
+    when: Predicate | None = None
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+
+def _check_tool_name(name: str) -> str:
+    if not name or not name.replace("_", "").replace("-", "").isalnum() or len(name) > 64:
+        raise AuthoringError(f"tool name {name!r} must be 1-64 letters, digits, '_' or '-'")
+    return name
+
+
+def _unresolved(fn: Callable[..., Any]) -> str:
+    """Which parameter's annotation names nothing, for the error message."""
+    for name, annotation in getattr(fn, "__annotations__", {}).items():
+        if isinstance(annotation, str):
+            try:
+                eval(annotation, getattr(fn, "__globals__", {}))  # noqa: S307 - the agent's own annotation
+            except Exception:
+                return f"parameter {name!r}: "
+    return ""
 
 
 @attrs.frozen(kw_only=True)
@@ -249,9 +299,13 @@ class Offer:
     llm: LLM
     tts: TTS | None
     stt: STT | None
+    app_tools: tuple[AppTool, ...] = ()
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    def app_tool(self, name: str) -> AppTool | None:
+        return next((t for t in self.app_tools if t.name == name), None)
 
 
 class Agent(_Parts):
@@ -313,6 +367,41 @@ class Agent(_Parts):
             raise AuthoringError("max_tool_rounds must be at least 0")
         self.max_tool_rounds = max_tool_rounds
         self.handlers: list[MessageHandler] = []
+        self.app_tools: list[AppTool] = []
+
+    def app_tool(
+        self,
+        name: str,
+        description: str,
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        action_only: bool = False,
+        timeout_ms: int = DEFAULT_APP_TOOL_TIMEOUT_MS,
+        when: Predicate | None = None,
+    ) -> AppTool:
+        """Declare a tool the caller's app runs (see :class:`AppTool`).
+
+        The model is offered it only on a connection whose app named it; the app gets
+        ``tool.call`` and answers ``tool.result`` within ``timeout_ms``.
+
+        Raises:
+            AuthoringError: A bad name, a name already used, or a timeout out of range.
+        """
+        _check_tool_name(name)
+        if any(t.name == name for t in (*self.tools, *self.app_tools)):
+            raise AuthoringError(f"tool {name!r} is defined twice")
+        if not description:
+            raise AuthoringError(f"app tool {name!r} needs a description for the model")
+        if not isinstance(timeout_ms, int) or not 1 <= timeout_ms <= MAX_APP_TOOL_TIMEOUT_MS:
+            raise AuthoringError(f"app tool {name!r}: timeout_ms must be 1 to {MAX_APP_TOOL_TIMEOUT_MS}")
+        schema = dict(parameters) if parameters is not None else {"type": "object", "properties": {}}
+        if schema.get("type") != "object":
+            raise AuthoringError(f"app tool {name!r}: parameters must be a JSON Schema of type object")
+        tool = AppTool(
+            name=name, description=description, parameters=schema, action_only=action_only, timeout_ms=timeout_ms, when=when
+        )
+        self.app_tools.append(tool)
+        return tool
 
     def skill(self, skill: Skill) -> Skill:
         """Add a skill (also usable as ``agent.skill(Skill(...))``)."""
@@ -364,6 +453,7 @@ class Agent(_Parts):
             llm=llm,
             tts=tts,
             stt=stt,
+            app_tools=tuple(t for t in self.app_tools if t.when is None or t.when(ctx)),
         )
 
 

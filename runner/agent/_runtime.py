@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -19,11 +19,13 @@ import trio
 
 from ..calls import CallContext, CallRecord, keep_json
 from ..errors import HandlerFailed, InvalidPayload, InvalidRequest, NoHandler, NotAdjustable, RunnerError
-from ..providers import ToolCall, make_llm
+from ..providers import ChatMessage, ToolCall, make_llm
 from ..transports import AudioFrame, ClientRefusal, ParticipantJoined, ParticipantLeft, TransportEvent, TransportSession, UserText
 from ..voice.engine import (
     AudioData,
     AudioStart,
+    Hear,
+    ToolConfirmRequested,
     ToolOutcome,
     Turn,
     TurnEvent,
@@ -33,7 +35,7 @@ from ..voice.engine import (
 )
 from ..voice.listener import Listener, SpeechStarted, Utterance
 from ..wire import EffectiveSettings, HostMessage, Issue, WireError, converter, decode, encode
-from ._authoring import Agent, Offer, Sender, call_maybe_async, check_key
+from ._authoring import Agent, AppTool, Offer, Sender, call_maybe_async, check_key
 from ._context import Context, HostTimeoutError, HostUnavailableError
 from ._experiments import assign_variant
 from ._settings import LLM, STT, TTS, Origin
@@ -43,6 +45,33 @@ log = logging.getLogger("runner.agent")
 
 CLIENT_WAIT_S = 10.0
 MAX_CLIENT_REQUEST_BYTES = 15 * 1024
+# How long a tool that asks first waits for the person's answer (and at most one more turn).
+CONFIRM_FOR_S = 10 * 60.0
+
+# Runs an app tool's call on the caller's app: (turn id, the tool, the call) -> its outcome.
+AppToolHandler = Callable[[str, AppTool, ToolCall], Awaitable[ToolOutcome]]
+
+
+class TurnBusy(Exception):
+    """A turn was asked for with ``exclusive=True`` while another one is running."""
+
+
+class ConfirmationNotWaiting(LookupError):
+    """No call of a tool that asks first waits under that id (answered, expired or dropped)."""
+
+
+@attrs.frozen(kw_only=True)
+class PendingConfirmation:
+    """A call of a tool marked ``ask_first`` that has not run: it waits for the person."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    turn: str
+    expires_at: float
+
+    def call(self) -> ToolCall:
+        return ToolCall(id=self.call_id, name=self.name, arguments=self.arguments)
 
 
 def choose_experiments(agent: Agent, session_id: str, client: Mapping[str, str], sent: Mapping[str, str] | None) -> dict[str, str]:
@@ -79,6 +108,20 @@ class _Providers:
         if spec not in self.built:
             self.built[spec] = build_stt(spec)
         return self.built[spec]
+
+
+class _Unbuildable:
+    """Stands in for a model that could not be built: its turn fails with a code."""
+
+    provider = "unavailable"
+    model = "unavailable"
+
+    def __init__(self, why: str) -> None:
+        self._why = why
+
+    async def stream(self, messages: Any, tools: Any = ()) -> Any:
+        raise ProviderError("unavailable", f"the model cannot be used: {self._why}")
+        yield  # pragma: no cover - makes this an async generator
 
 
 def build_tts(spec: TTS) -> Any:
@@ -173,6 +216,13 @@ class AgentRuntime:
         self._queued = 0
         self._idle = trio.Event()
         self._idle.set()
+        # Set by a transport that runs app tools (the agent WebSocket); None: app tools fail.
+        self.app_tool_handler: AppToolHandler | None = None
+        # Tools marked ask_first wait for a confirmation only where the caller can give one.
+        self.confirms_tools = False
+        self._pending: dict[str, PendingConfirmation] = {}
+        self._confirmed: set[str] = set()
+        self._turn_app_tools: tuple[AppTool, ...] = ()
 
     # -- What the agent offers, with live settings on top -----------------------------------
 
@@ -219,25 +269,105 @@ class AgentRuntime:
         elif isinstance(event, AudioData) and session is not None:
             await session.publish_audio(event.pcm, self._audio_rate_hz)
         elif isinstance(event, TurnFinished):
+            # A call that asks first waits for the rest of its turn and one more.
+            for call_id, pending in list(self._pending.items()):
+                if pending.turn != event.result.turn:
+                    del self._pending[call_id]
             await self._record_turn(event.result)
         for listener in self._listeners:
             await listener(event)
 
-    def _plan(self) -> TurnPlan:
+    @property
+    def busy(self) -> bool:
+        """A turn is running, or one is queued to run."""
+        return self._turn is not None or self._queued > 0
+
+    @property
+    def current_turn(self) -> Turn | None:
+        """The running turn, if any."""
+        return self._turn
+
+    def mute(self) -> bool:
+        """Stop the running turn's voice but let it finish; False when no turn runs."""
+        if self._turn is None:
+            return False
+        self._turn.mute()
+        return True
+
+    def load_history(self, messages: Iterable[ChatMessage]) -> None:
+        """Continue a stored conversation: its messages come before this call's."""
+        self.history[:0] = list(messages)
+
+    def greeting_options(self) -> dict[str, Any] | None:
+        """How this call opens: ``take_turn(None, **options)``, or ``None`` when the agent waits."""
+        greeting = self.agent.greeting
+        if greeting is True:
+            return {}
+        if greeting:
+            line = greeting(self.ctx) if callable(greeting) else greeting
+            if line:
+                return {"scripted": line}
+        return None
+
+    def voice_sample_rate_hz(self) -> int | None:
+        """The rate the agent's voice speaks at now; ``None`` for an agent that only writes."""
+        _, tts, _ = self.current()
+        provider = self._providers.tts(tts)
+        return int(provider.sample_rate_hz) if provider is not None else None
+
+    def recognizer(self, language: str | None = None) -> Any:
+        """The agent's speech recognizer now (``language`` overriding its own); ``None`` if it has none.
+
+        Raises:
+            ValueError: The recognizer cannot take ``language``.
+        """
+        _, _, stt = self.current()
+        if stt is None:
+            return None
+        if language is not None and language != stt.language:
+            stt = attrs.evolve(stt, language=language)
+        return self._providers.stt(stt)
+
+    def pending_confirmation(self, call_id: str) -> PendingConfirmation:
+        """The call of a tool that asks first still waiting under ``call_id``.
+
+        Raises:
+            ConfirmationNotWaiting: It was answered, expired or dropped by a later turn.
+        """
+        pending = self._pending.get(call_id)
+        if pending is None or trio.current_time() > pending.expires_at:
+            self._pending.pop(call_id, None)
+            raise ConfirmationNotWaiting(call_id)
+        return pending
+
+    def take_confirmation(self, call_id: str) -> PendingConfirmation:
+        """Remove and return a waiting call (its answer is being given); see :meth:`pending_confirmation`."""
+        pending = self.pending_confirmation(call_id)
+        del self._pending[call_id]
+        return pending
+
+    def _plan(self, *, speech: bool | None = None) -> TurnPlan:
         llm, tts, _ = self.current()
         return TurnPlan(
             llm=self._providers.llm(llm),
-            tts=self._providers.tts(tts),
+            tts=None if speech is False else self._providers.tts(tts),
             instructions=lambda: self.offer().instructions,
-            tools=lambda: [t.spec() for t in self.offer().tools],
+            tools=lambda: [t.spec() for t in (*self.offer().tools, *self._turn_app_tools)],
             run_tool=self._run_tool,
             max_tool_rounds=self.agent.max_tool_rounds,
         )
 
     async def _run_tool(self, call: ToolCall) -> ToolOutcome:
+        app_tool = next((t for t in self._turn_app_tools if t.name == call.name), None)
+        if app_tool is not None:
+            if self.app_tool_handler is None or self._turn is None:
+                return ToolOutcome(ok=False, error=f"no app is connected to run {call.name!r}")
+            return await self.app_tool_handler(self._turn.id, app_tool, call)
         tool = self.offer().tool(call.name)
         if tool is None:
             return ToolOutcome(ok=False, error=f"no tool {call.name!r} is offered now")
+        if tool.ask_first and self.confirms_tools and not self._may_run_unasked(call):
+            return await self._ask_first(call)
         try:
             arguments = {
                 name: converter.structure(call.arguments[name], annotation)
@@ -250,28 +380,101 @@ class AgentRuntime:
             return ToolOutcome(ok=False, error=f"{type(exc).__name__}: {exc}")
         return ToolOutcome(ok=True, result=result)
 
+    def _may_run_unasked(self, call: ToolCall) -> bool:
+        # Confirmed by the person, or called again with the same arguments in their next turn.
+        if call.id in self._confirmed:
+            return True
+        current = self._turn.id if self._turn is not None else None
+        for call_id, pending in list(self._pending.items()):
+            if pending.turn != current and pending.name == call.name and pending.arguments == dict(call.arguments):
+                del self._pending[call_id]
+                return True
+        return False
+
+    async def _ask_first(self, call: ToolCall) -> ToolOutcome:
+        assert self._turn is not None
+        pending = PendingConfirmation(
+            call_id=call.id,
+            name=call.name,
+            arguments=dict(call.arguments),
+            turn=self._turn.id,
+            expires_at=trio.current_time() + CONFIRM_FOR_S,
+        )
+        self._pending[call.id] = pending
+        await self._emit(ToolConfirmRequested(turn=self._turn.id, call_id=call.id, name=call.name, arguments=pending.arguments))
+        return ToolOutcome(ok=False, error="not run yet: it waits for the person's confirmation; ask them whether to go ahead")
+
     async def take_turn(
-        self, text: str | None, *, scripted: str | None = None, heard_seconds: float | None = None
+        self,
+        text: str | None,
+        *,
+        scripted: str | None = None,
+        heard_seconds: float | None = None,
+        turn_id: str | None = None,
+        exclusive: bool = False,
+        speech: bool | None = None,
+        app_tools: Collection[str] = (),
+        hear: Hear | None = None,
+        confirmed: PendingConfirmation | None = None,
     ) -> TurnResult | None:
-        """Run one turn (waiting for the one before it); ``None`` once the call stopped taking turns."""
+        """Run one turn (waiting for the one before it); ``None`` once the call stopped taking turns.
+
+        Args:
+            text: The person's words (``None`` for an opening line, or with ``hear``).
+            scripted: Speak this text as written instead of asking the model.
+            heard_seconds: For a spoken turn whose words are ``text``: how much audio it was.
+            turn_id: The turn's id (a new one by default).
+            exclusive: Raise :class:`TurnBusy` instead of waiting for a running turn.
+            speech: ``False``: no voice this turn; ``None`` or ``True``: the agent's own.
+            app_tools: The app tools the caller's app runs, by name (the others are not offered).
+            hear: Transcribe a spoken turn inside it (see :meth:`Turn.run`).
+            confirmed: A call the person said yes to: it runs before the model is asked.
+        """
         if not self._accepting:
             return None
+        if exclusive and self.busy:
+            raise TurnBusy("a turn is already running")
         while self._turn is not None:
             await self._turn_done.wait()
         if not self._accepting:
             return None
-        turn = Turn(self._plan(), self.history, self._emit)
+        offered = {t.name: t for t in self.offer().app_tools}
+        self._turn_app_tools = tuple(offered[name] for name in app_tools if name in offered)
+        turn = Turn(self._plan(speech=speech), self.history, self._emit, turn_id=turn_id)
         self._turn = turn
         self._turn_done = trio.Event()
+        run_first: Sequence[ToolCall] = ()
+        if confirmed is not None:
+            self._confirmed.add(confirmed.call_id)
+            run_first = (confirmed.call(),)
+        heard_and_kept: Hear | None = None
+        if hear is not None:
+            spoken = hear
+
+            async def heard_and_kept() -> tuple[str, float]:
+                words, seconds = await spoken()
+                await self._write("conversation", {"type": "turn", "turn": turn.id, "role": "user", "text": words, "spoken": True})
+                return words, seconds
+
         try:
             if text is not None:
                 await self._write(
                     "conversation",
                     {"type": "turn", "turn": turn.id, "role": "user", "text": text, "spoken": heard_seconds is not None},
                 )
-            return await turn.run(text, scripted=scripted, heard=text if heard_seconds is not None else None, heard_seconds=heard_seconds)
+            return await turn.run(
+                text,
+                scripted=scripted,
+                heard=text if heard_seconds is not None else None,
+                heard_seconds=heard_seconds,
+                hear=heard_and_kept,
+                run_first=run_first,
+            )
         finally:
             self._turn = None
+            self._turn_app_tools = ()
+            if confirmed is not None:
+                self._confirmed.discard(confirmed.call_id)
             self._turn_done.set()
 
     def interrupt(self, reason: str = "barge_in") -> None:
@@ -287,19 +490,7 @@ class AgentRuntime:
             "role": "assistant",
             "text": text,
             "interrupted": result.interrupted,
-            "toolCalls": [
-                {
-                    "callId": c.call_id,
-                    "name": c.name,
-                    "arguments": keep_json(c.arguments)[0],
-                    "result": keep_json(c.result)[0],
-                    "ok": c.ok,
-                    "error": c.error,
-                    "ms": c.ms,
-                    "round": c.round,
-                }
-                for c in result.tool_calls
-            ],
+            "toolCalls": [_tool_call_record(c) for c in result.tool_calls],
             "usage": [
                 {"model": u.model, "inputTokens": u.input_tokens, "outputTokens": u.output_tokens, "cachedTokens": u.cached_tokens}
                 for u in result.usage
@@ -329,13 +520,10 @@ class AgentRuntime:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._serve_outbox)
                 nursery.start_soon(self._serve_turns)
-                greeting = self.agent.greeting
-                if greeting is True:
-                    self._queue_turn(None)
-                elif greeting:
-                    line = greeting(self.ctx) if callable(greeting) else greeting
-                    if line:
-                        self._queue_turn(None, scripted=line)
+                # A session that drives its own turns (the agent WebSocket) opens the call itself.
+                greeting = None if getattr(session, "drives_turns", False) else self.greeting_options()
+                if greeting is not None:
+                    self._queue_turn(None, **greeting)
                 self.ready.set()
                 async for event in events:
                     await self._on_event(event, nursery)
@@ -563,6 +751,24 @@ class AgentRuntime:
             "curb.messages",
             {"undeliveredToClient": dict(self.undelivered_to_client), "refusedQueuedHostMessages": self.refused_queued_host_messages},
         )
+
+
+def _tool_call_record(call: Any) -> dict[str, Any]:
+    arguments, arguments_cut = keep_json(call.arguments)
+    result, result_cut = keep_json(call.result)
+    record = {
+        "callId": call.call_id,
+        "name": call.name,
+        "arguments": arguments,
+        "result": result,
+        "ok": call.ok,
+        "error": call.error,
+        "ms": call.ms,
+        "round": call.round,
+    }
+    if arguments_cut or result_cut:
+        record["truncated"] = True
+    return record
 
 
 def _kept(payload: Mapping[str, Any] | None) -> dict[str, Any]:

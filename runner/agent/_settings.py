@@ -17,7 +17,8 @@ ADJUSTABLE_PATHS = ("tts.voice", "tts.model", "stt.language", "llm")
 class AuthoringError(ValueError):
     """An agent was written wrong: the seed's ``AGENT_INVALID_AUTHORING_PROP``.
 
-    Raised when the agent is defined, never during a call.
+    Raised when the agent is defined, and by ``ctx.send`` for an invalid key (a bug in
+    the agent, not a delivery problem).
     """
 
     code = "AGENT_INVALID_AUTHORING_PROP"

@@ -28,6 +28,8 @@ from ._settings import LLM, STT, TTS, Origin
 
 _LLM_PROVIDERS = ("kugelaudio", "anthropic", "openai", "openai-compatible", "local")
 _UPDATE_LLM_PROVIDERS = ("kugelaudio", "anthropic", "openai", "openai-compatible")
+# The protocol names kugelaudio; this runner builds only these.
+_BUILDABLE_LLM_PROVIDERS = ("anthropic", "openai", "openai-compatible")
 _SHAPE: dict[str, tuple[str, ...]] = {"tts": ("voice", "model"), "stt": ("language",), "llm": ("provider", "model", "baseURL")}
 _OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
 
@@ -175,6 +177,8 @@ def check_update(
         provider, model, base_url = choice.get("provider"), choice.get("model"), choice.get("baseURL")
         if provider not in _UPDATE_LLM_PROVIDERS:
             issues.append(Issue(path=["llm", "provider"], message=f"must be one of {', '.join(_UPDATE_LLM_PROVIDERS)}"))
+        elif provider not in _BUILDABLE_LLM_PROVIDERS:
+            issues.append(Issue(path=["llm", "provider"], message=f"this runner has no {provider} model provider"))
         if not isinstance(model, str) or not model:
             issues.append(Issue(path=["llm", "model"], message="must be a non-empty string"))
         if base_url is not None:

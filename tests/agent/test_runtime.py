@@ -1,0 +1,628 @@
+"""An agent in a call, in process: the loopback transport, a real journal, real offline speech.
+
+Remote models are the fakes of ``tests/providers/fake_servers.py`` (the OpenAI wire format on
+127.0.0.1); everything else is the runner's own code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from journal import Journal, open_journal
+from runner.agent import LLM, STT, TTS, Agent, Context, HostUnavailableError
+from runner.agent._runtime import AgentRuntime, choose_experiments
+from runner.calls import KEEP_JSON_BYTES, CallContext, CallRecord
+from runner.errors import InvalidSettings
+from runner.providers.espeak import EspeakTTS
+from runner.providers.pocketsphinx import PocketsphinxSTT
+from runner.transports.loopback import LoopbackCaller, LoopbackSession
+from runner.voice.audio import frames
+from runner.voice.engine import ReplyDelta, TurnEvent, TurnFinished, TurnResult
+from tests.providers.fake_servers import (
+    FakeOpenAI,
+    open_fake_server,
+    openai_chunk,
+    openai_events,
+    openai_text_chunks,
+    openai_usage,
+    sse_reply,
+)
+
+RATE = 22_050
+FRAME_MS = 20
+KEY_ENV = "RUNNER_TEST_FAKE_MODEL_KEY"
+KEY = "sk-fake-runtime-0123456789"
+# The voice the wheel's pocketsphinx model hears best (tests/providers/test_offline_speech.py).
+CLEAR_VOICE = "en-us+f2"
+
+
+# -- the call harness -------------------------------------------------------------------------
+
+
+@attrs.define
+class Harness:
+    runtime: AgentRuntime
+    caller: LoopbackCaller
+    session: LoopbackSession
+    events: list[TurnEvent]
+    results: trio.MemoryReceiveChannel[TurnResult]
+
+    async def next_result(self, seconds: float = 10) -> TurnResult:
+        with trio.fail_after(seconds):
+            return await self.results.receive()
+
+    async def wait_for(self, predicate: Callable[[TurnEvent], bool], seconds: float = 10) -> TurnEvent:
+        with trio.fail_after(seconds):
+            for _ in range(int(seconds * 200)):
+                found = next((e for e in self.events if predicate(e)), None)
+                if found is not None:
+                    return found
+                await trio.sleep(0.005)
+        raise AssertionError("unreachable")
+
+    def audio(self) -> list[bytes | None]:
+        """What reached the caller's speaker so far (``None``: a clear)."""
+        out: list[bytes | None] = []
+        for _ in range(100_000):
+            try:
+                out.append(self.caller.audio.receive_nowait())
+            except trio.WouldBlock:
+                return out
+        raise AssertionError("endless audio")
+
+
+@asynccontextmanager
+async def open_call(
+    agent: Agent,
+    journal: Journal | None,
+    *,
+    session_id: str = "call-1",
+    client: Mapping[str, str] | None = None,
+    host_connected: bool = False,
+) -> AsyncIterator[Harness]:
+    client = dict(client or {})
+    call = CallContext(
+        session_id=session_id,
+        direction="inbound",
+        client=client,
+        experiments=choose_experiments(agent, session_id, client, None),
+    )
+    record = CallRecord(journal, session_id) if journal is not None else None
+    runtime = AgentRuntime(agent, call, record, host_connected=host_connected)
+    session = LoopbackSession("app")
+    events: list[TurnEvent] = []
+    send_result, results = trio.open_memory_channel[TurnResult](math.inf)
+
+    async def listen(event: TurnEvent) -> None:
+        events.append(event)
+        if isinstance(event, TurnFinished):
+            send_result.send_nowait(event.result)
+
+    runtime.add_listener(listen)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run, session, session.events)
+        with trio.fail_after(10):
+            await runtime.ready.wait()
+        yield Harness(runtime=runtime, caller=LoopbackCaller(session), session=session, events=events, results=results)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
+    async with open_journal(tmp_path / "journal.db") as opened:
+        yield opened
+
+
+@pytest.fixture
+async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeOpenAI]:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    service = FakeOpenAI(api_key=KEY)
+    async with open_fake_server(service) as root:
+        service.root = root
+        yield service
+
+
+def remote_llm(fake: FakeOpenAI) -> LLM:
+    return LLM(provider="openai-compatible", model="gpt-4o-mini", base_url=fake.base_url, api_key_env=KEY_ENV)
+
+
+async def turns(journal: Journal, session_id: str = "call-1") -> list[dict[str, Any]]:
+    return [r.body for r in await journal.read(0, producer=session_id) if r.body.get("type") == "turn"]
+
+
+async def conversation_events(journal: Journal, name: str, session_id: str = "call-1") -> list[dict[str, Any]]:
+    return [
+        r.body["payload"]
+        for r in await journal.read(0, producer=session_id)
+        if r.body.get("type") == "event" and r.body.get("name") == name
+    ]
+
+
+async def speech(text: str) -> bytes:
+    return b"".join([chunk async for chunk in EspeakTTS(CLEAR_VOICE).synthesize(text)])
+
+
+def silence(seconds: float) -> bytes:
+    return bytes(2 * int(RATE * seconds))
+
+
+def send_pcm(caller: LoopbackCaller, pcm: bytes) -> int:
+    count = 0
+    for frame in frames(pcm, RATE, FRAME_MS):
+        caller.send_audio(frame, RATE)
+        count += 1
+    return count
+
+
+def tool_call_reply(call_id: str, name: str, arguments: Mapping[str, Any]) -> Any:
+    """One streamed chat completion that calls a tool, as the service sends it."""
+    encoded = json.dumps(dict(arguments))
+    return sse_reply(
+        openai_events(
+            [
+                openai_chunk(
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}],
+                    }
+                ),
+                openai_chunk({"tool_calls": [{"index": 0, "function": {"arguments": encoded[:5]}}]}),
+                openai_chunk({"tool_calls": [{"index": 0, "function": {"arguments": encoded[5:]}}]}),
+                openai_chunk({}, finish_reason="tool_calls"),
+                openai_chunk(None, usage=openai_usage(40, 12)),
+            ]
+        )
+    )
+
+
+def text_reply(*pieces: str) -> Any:
+    return sse_reply(openai_events(openai_text_chunks(list(pieces), usage=openai_usage(30, 8))))
+
+
+# -- a whole spoken turn, offline --------------------------------------------------------------
+
+
+def weather_agent(ran: list[str]) -> Agent:
+    agent = Agent(
+        "weather",
+        instructions="You tell the weather.",
+        stt=STT(provider="pocketsphinx"),
+        tts=TTS(provider="espeak", voice=CLEAR_VOICE),
+    )
+
+    @agent.tool
+    def forecast(ctx: Context, city: str) -> str:
+        """Tell the weather forecast for a city."""
+        ran.append(city)
+        return f"In {city} it is sunny and twenty degrees."
+
+    return agent
+
+
+@pytest.mark.slow
+async def test_a_full_spoken_turn_offline(journal: Journal) -> None:
+    ran: list[str] = []
+    # espeak-ng adds random noise to its speech, so each rendering differs a little; this
+    # sentence in this voice was heard well in 20 of 20 renderings (pocketsphinx hears
+    # "tell me" as "delete", but the rest right).
+    question = await speech("Tell me the weather forecast for Boston.")
+    async with open_call(weather_agent(ran), journal) as call:
+        send_pcm(call.caller, silence(0.5) + question + silence(1.0))
+        result = await call.next_result(seconds=30)
+        spoken = [a for a in call.audio() if a is not None]
+
+    # pocketsphinx heard the question; the turn is the transcript.
+    assert result.heard is not None and {"forecast", "boston"} <= set(result.heard.split()), result.heard
+    assert result.heard_seconds is not None and result.heard_seconds > 1.0
+    user, assistant = await turns(journal)
+    assert (user["role"], user["spoken"], user["text"], user["turn"]) == ("user", True, result.heard, result.turn)
+    # The local model called the tool with the city it heard.
+    assert [c.lower() for c in ran] == ["boston"]
+    (call_record,) = assistant["toolCalls"]
+    assert (call_record["name"], call_record["arguments"], call_record["ok"]) == ("forecast", {"city": ran[0]}, True)
+    assert assistant["text"] == f"Here is what I found: In {ran[0]} it is sunny and twenty degrees."
+    assert assistant["interrupted"] is False and assistant["chunksSpoken"] >= 1
+    # Its reply came out as speech that pocketsphinx, in turn, understands.
+    pcm = b"".join(spoken)
+    assert len(pcm) / 2 / RATE > 1.5
+    heard_back = (await PocketsphinxSTT().transcribe(pcm, RATE)).text.split()
+    assert len({"here", "what", "found", "sunny", "twenty", "degrees"} & set(heard_back)) >= 3, heard_back
+
+
+# -- barge-in ---------------------------------------------------------------------------------
+
+SPA_TEXT = ["The spa is open from nine in the morning. ", "It has a heated pool, "]
+
+
+def stalling_reply(pieces: list[str]) -> Any:
+    """A reply that writes ``pieces`` and then goes quiet, as a slow model would."""
+    chunks = [openai_chunk({"role": "assistant", "content": ""}), *[openai_chunk({"content": p}) for p in pieces]]
+    return sse_reply(openai_events(chunks, done=False), stall=True)
+
+
+def spa_agent(fake: FakeOpenAI) -> Agent:
+    return Agent(
+        "spa",
+        instructions="You describe the spa.",
+        llm=remote_llm(fake),
+        tts=TTS(provider="espeak", voice=CLEAR_VOICE),
+        stt=STT(provider="pocketsphinx"),
+    )
+
+
+async def test_speech_over_a_reply_barges_in(journal: Journal, fake: FakeOpenAI) -> None:
+    fake.enqueue(stalling_reply(SPA_TEXT), text_reply("Of course, ", "what else would you like to know?"))
+    interruption = await speech("Wait, stop.")
+    async with open_call(spa_agent(fake), journal) as call:
+        call.caller.say("Tell me about the spa.")
+        await call.wait_for(lambda e: isinstance(e, ReplyDelta) and "pool" in e.text)
+        with trio.fail_after(10):
+            first = await call.caller.audio.receive()
+        assert first  # the agent is speaking; the model has more to say and takes its time
+        began = time.monotonic()
+        send_pcm(call.caller, silence(0.3) + interruption)  # no trailing silence: still talking
+        result = await call.next_result(seconds=5)
+        stopped_s = time.monotonic() - began
+        after = call.audio()
+
+        assert result.interrupted is True
+        assert result.reason == "barge_in"
+        assert result.error_code is None
+        assert result.text == "".join(SPA_TEXT)
+        assert stopped_s < 2.0
+        # The caller's queued agent speech was cleared.
+        assert None in after
+
+        # The call goes on: a typed turn after the barge-in gets its answer, with the
+        # interrupted reply in the history the model sees.
+        call.caller.say("And the gym?")
+        following = await call.next_result()
+        assert following.text == "Of course, what else would you like to know?" and not following.interrupted
+        sent = fake.requests[-1].json()["messages"]
+        assert [(m["role"], m["content"]) for m in sent[1:]] == [
+            ("user", "Tell me about the spa."),
+            ("assistant", "".join(SPA_TEXT)),
+            ("user", "And the gym?"),
+        ]
+
+    assistant = [t for t in await turns(journal) if t["role"] == "assistant"]
+    assert (assistant[0]["interrupted"], assistant[0]["reason"], assistant[0]["text"]) == (True, "barge_in", "".join(SPA_TEXT))
+    assert assistant[1]["interrupted"] is False
+
+
+async def test_interrupt_ends_the_running_turn(journal: Journal, fake: FakeOpenAI) -> None:
+    fake.enqueue(stalling_reply(SPA_TEXT))
+    async with open_call(spa_agent(fake), journal) as call:
+        call.caller.say("Tell me about the spa.")
+        await call.wait_for(lambda e: isinstance(e, ReplyDelta) and "pool" in e.text)
+        call.runtime.interrupt("transferred")
+        result = await call.next_result(seconds=5)
+    assert (result.interrupted, result.reason, result.text) == (True, "transferred", "".join(SPA_TEXT))
+    (_, assistant) = await turns(journal)
+    assert (assistant["interrupted"], assistant["reason"]) == (True, "transferred")
+
+
+# -- what a handler unlocks --------------------------------------------------------------------
+
+
+def member_agent() -> Agent:
+    agent = Agent(
+        "members",
+        instructions="You are the concierge. Rooms are cleaned daily.",
+        state=lambda: {"verified": False},
+    )
+
+    @agent.tool
+    def weather(ctx: Context, city: str) -> str:
+        """Tell the weather forecast for a city."""
+        return "sunny"
+
+    @agent.tool(when=lambda ctx: ctx.state["verified"])
+    def upgrade_room(ctx: Context, room: str) -> str:
+        """Upgrade a member's room to a suite."""
+        return f"Room {room} is now a suite."
+
+    @agent.on_message("verify", sender="client")
+    def verify(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+        ctx.state["verified"] = payload.get("member") is True
+        return {"verified": ctx.state["verified"]}
+
+    return agent
+
+
+async def test_a_handler_that_unlocks_a_tool_changes_the_next_turn(journal: Journal) -> None:
+    async with open_call(member_agent(), journal) as call:
+        assert [t.name for t in call.runtime.offer().tools] == ["weather"]
+        call.caller.say("Please upgrade room 12.")
+        before = await call.next_result()
+        assert before.tool_calls == ()
+
+        answer = await call.caller.request("curb.message", json.dumps({"key": "verify", "id": "m-1", "payload": {"member": True}}))
+        assert json.loads(answer) == {"reply": {"verified": True}}
+        assert [t.name for t in call.runtime.offer().tools] == ["weather", "upgrade_room"]
+
+        call.caller.say("Please upgrade room 12.")
+        after = await call.next_result()
+    assert [(c.name, c.arguments, c.result) for c in after.tool_calls] == [("upgrade_room", {"room": "12"}, "Room 12 is now a suite.")]
+    assert after.text == "Here is what I found: Room 12 is now a suite."
+    (delivered,) = await conversation_events(journal, "curb.message")
+    assert (delivered["key"], delivered["from"], delivered["outcome"], delivered["reply"]) == ("verify", "client", "delivered", {"verified": True})
+    assistant = [t for t in await turns(journal) if t["role"] == "assistant"]
+    assert [[c["name"] for c in t["toolCalls"]] for t in assistant] == [[], ["upgrade_room"]]
+
+
+async def test_the_model_is_offered_what_the_state_unlocks(fake: FakeOpenAI) -> None:
+    fake.enqueue(text_reply("Sure."), text_reply("Sure."))
+    agent = member_agent()
+    agent.llm = remote_llm(fake)
+    async with open_call(agent, None) as call:
+        call.caller.say("Hello.")
+        await call.next_result()
+        await call.runtime.deliver("client", "verify", {"member": True})
+        call.caller.say("Hello again.")
+        await call.next_result()
+    offered = [[t["function"]["name"] for t in r.json().get("tools", [])] for r in fake.requests]
+    assert offered == [["weather"], ["weather", "upgrade_room"]]
+
+
+# -- greetings ---------------------------------------------------------------------------------
+
+
+async def test_a_scripted_greeting_is_spoken_without_a_model_call(journal: Journal) -> None:
+    agent = Agent(
+        "greeter",
+        instructions="You are a hotel concierge.",
+        tts=TTS(provider="espeak", voice=CLEAR_VOICE),
+        greeting=lambda ctx: f"Welcome to Hotel Lumen, {ctx.client.name or 'guest'}!",
+    )
+    async with open_call(agent, journal, client={"name": "Ada"}) as call:
+        result = await call.next_result()
+        await call.runtime.wait_idle()
+        spoken = [a for a in call.audio() if a is not None]
+    assert result.text == "Welcome to Hotel Lumen, Ada!"
+    assert result.usage == () and result.tool_calls == () and not result.interrupted
+    assert result.chunks_spoken == 1
+    assert len(b"".join(spoken)) / 2 / RATE > 0.8
+    (greeting,) = await turns(journal)
+    assert (greeting["role"], greeting["text"], greeting["usage"]) == ("assistant", "Welcome to Hotel Lumen, Ada!", [])
+    assert greeting["timings"]["firstAudioMs"] is not None
+
+
+async def test_a_greeting_left_to_the_model_is_one_model_call(fake: FakeOpenAI) -> None:
+    fake.enqueue(text_reply("Good evening, ", "how may I help?"))
+    agent = Agent("opener", instructions="You are a hotel concierge.", llm=remote_llm(fake), greeting=True)
+    async with open_call(agent, None) as call:
+        result = await call.next_result()
+    assert result.text == "Good evening, how may I help?"
+    assert [u.model for u in result.usage] == ["gpt-4o-mini-2024-07-18"]
+    (request,) = fake.requests
+    assert [m["role"] for m in request.json()["messages"]] == ["system"]
+
+
+# -- tool rounds -------------------------------------------------------------------------------
+
+
+def lookup_agent(fake: FakeOpenAI, ran: list[str], *, max_tool_rounds: int, result: Callable[[str], Any] | None = None) -> Agent:
+    agent = Agent("lookup", instructions="You look things up.", llm=remote_llm(fake), max_tool_rounds=max_tool_rounds)
+
+    @agent.tool
+    def lookup(ctx: Context, q: str) -> Any:
+        """Look something up."""
+        ran.append(q)
+        return result(q) if result else f"found {q}"
+
+    return agent
+
+
+async def test_the_round_after_the_last_tool_round_offers_no_tools(fake: FakeOpenAI) -> None:
+    fake.enqueue(tool_call_reply("call_1", "lookup", {"q": "hours"}), text_reply("We open at nine."))
+    ran: list[str] = []
+    async with open_call(lookup_agent(fake, ran, max_tool_rounds=1), None) as call:
+        call.caller.say("When do you open?")
+        result = await call.next_result()
+    assert ran == ["hours"]
+    assert result.text == "We open at nine."
+    first, second = (r.json() for r in fake.requests)
+    assert [t["function"]["name"] for t in first["tools"]] == ["lookup"]
+    assert "tools" not in second
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "found hours"}
+
+
+@pytest.mark.parametrize("max_tool_rounds", [1, 2])
+async def test_max_tool_rounds_bounds_a_model_that_keeps_calling_tools(fake: FakeOpenAI, max_tool_rounds: int) -> None:
+    # This model asks for the tool on every call, even when it is offered none.
+    fake.enqueue(*[tool_call_reply(f"call_{i}", "lookup", {"q": f"q{i}"}) for i in range(max_tool_rounds + 2)])
+    ran: list[str] = []
+    async with open_call(lookup_agent(fake, ran, max_tool_rounds=max_tool_rounds), None) as call:
+        call.caller.say("Look everything up.")
+        result = await call.next_result()
+    assert len(fake.requests) == max_tool_rounds + 1
+    assert ran == [f"q{i}" for i in range(max_tool_rounds)]
+    assert len(result.tool_calls) == max_tool_rounds
+
+
+# -- provider failures -------------------------------------------------------------------------
+
+
+async def test_a_model_answering_500_ends_the_turn_with_its_code_promptly(journal: Journal, fake: FakeOpenAI) -> None:
+    # Nothing scripted: the fake answers HTTP 500.
+    agent = Agent("failing", instructions="You fail.", llm=remote_llm(fake), tts=TTS(provider="espeak"))
+    async with open_call(agent, journal) as call:
+        began = time.monotonic()
+        call.caller.say("Hello?")
+        result = await call.next_result(seconds=5)
+        assert time.monotonic() - began < 3
+        assert result.interrupted and result.error_code == "provider_failed"
+        assert result.text == ""
+        # The call survives: the next turn is taken (and fails the same way).
+        call.caller.say("Hello again?")
+        again = await call.next_result(seconds=5)
+        assert again.error_code == "provider_failed"
+    (_, assistant, _, _) = await turns(journal)
+    assert assistant["interrupted"] is True
+    assert assistant["reason"].startswith("provider_failed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_model_nobody_answers_for_ends_the_turn_unavailable_promptly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    llm = LLM(provider="openai-compatible", model="m", base_url=f"http://127.0.0.1:{_free_port()}/v1", api_key_env=KEY_ENV)
+    async with open_call(Agent("nobody", llm=llm), None) as call:
+        began = time.monotonic()
+        call.caller.say("Hello?")
+        result = await call.next_result(seconds=5)
+    assert time.monotonic() - began < 3
+    assert result.interrupted and result.error_code == "unavailable"
+
+
+async def test_a_stream_cut_mid_reply_keeps_the_text_so_far(fake: FakeOpenAI) -> None:
+    chunks = [openai_chunk({"role": "assistant", "content": ""}), openai_chunk({"content": "The first half. "})]
+    fake.enqueue(sse_reply(openai_events(chunks, done=False), cut=True))
+    agent = Agent("cut", llm=remote_llm(fake))
+    async with open_call(agent, None) as call:
+        call.caller.say("Hello?")
+        result = await call.next_result(seconds=5)
+    assert result.interrupted and result.error_code == "provider_failed"
+    assert result.text == "The first half. "
+
+
+async def test_a_live_model_change_the_runner_cannot_build_never_crashes_the_call() -> None:
+    # "kugelaudio" is a provider a host may choose in a settings update; a runner that
+    # cannot build it must refuse the update, or fail the turns that need it, not the call.
+    agent = Agent("k", instructions="Rooms are cleaned daily.", adjustable={"host": ["llm"]})
+    async with open_call(agent, None) as call:
+        try:
+            await call.runtime.adjust("host", {"llm": {"provider": "kugelaudio", "model": "kugel-1"}})
+        except InvalidSettings:
+            accepted = False
+        else:
+            accepted = True
+        call.caller.say("When are rooms cleaned?")
+        result = await call.next_result(seconds=5)
+    if accepted:
+        assert result.interrupted and result.error_code is not None
+    else:
+        assert result.text == "Rooms are cleaned daily."
+
+
+# -- turn records ------------------------------------------------------------------------------
+
+
+async def test_a_turn_record_holds_timings_usage_and_tool_calls(journal: Journal) -> None:
+    ran: list[str] = []
+    agent = weather_agent(ran)
+    async with open_call(agent, journal) as call:
+        call.caller.say("What is the weather in Lisbon?")
+        result = await call.next_result()
+    user, assistant = await turns(journal)
+    assert (user["role"], user["text"], user["spoken"]) == ("user", "What is the weather in Lisbon?", False)
+    timings = assistant["timings"]
+    assert set(timings) == {"modelFirstTextMs", "firstAudioMs", "totalMs"}
+    assert all(isinstance(v, int) for v in timings.values())
+    assert 0 <= timings["modelFirstTextMs"] <= timings["firstAudioMs"] <= timings["totalMs"]
+    assert timings == {
+        "modelFirstTextMs": result.timings.model_first_text_ms,
+        "firstAudioMs": result.timings.first_audio_sent_ms,
+        "totalMs": result.timings.total_ms,
+    }
+    assert [u["model"] for u in assistant["usage"]] == ["local", "local"]
+    assert all(u["inputTokens"] > 0 for u in assistant["usage"])
+    (tool,) = assistant["toolCalls"]
+    assert (tool["name"], tool["arguments"], tool["ok"], tool["round"]) == ("forecast", {"city": "Lisbon"}, True, 0)
+    assert isinstance(tool["ms"], int)
+    assert "truncated" not in assistant
+
+
+async def test_a_text_only_turn_has_no_audio_timing(journal: Journal) -> None:
+    async with open_call(Agent("quiet", instructions="Rooms are cleaned daily."), journal) as call:
+        call.caller.say("When are rooms cleaned?")
+        await call.next_result()
+        assert call.audio() == []
+    (_, assistant) = await turns(journal)
+    assert assistant["text"] == "Rooms are cleaned daily."
+    assert assistant["timings"]["firstAudioMs"] is None and assistant["chunksSpoken"] == 0
+
+
+async def test_a_long_reply_is_kept_as_its_first_4_kib_with_truncated(journal: Journal) -> None:
+    ran: list[str] = []
+    agent = Agent("long", instructions="You look things up.")
+
+    @agent.tool
+    def lookup(ctx: Context, q: str) -> str:
+        """Look something up."""
+        ran.append(q)
+        return "word " * 2000
+
+    async with open_call(agent, journal) as call:
+        call.caller.say("Please lookup everything.")
+        result = await call.next_result()
+    assert len(result.text) > 10_000  # the local model quotes the whole result
+    (_, assistant) = await turns(journal)
+    assert assistant["truncated"] is True
+    assert len(assistant["text"].encode()) <= KEEP_JSON_BYTES
+    assert json.dumps(result.text, ensure_ascii=False).startswith(assistant["text"])
+
+
+async def test_a_long_tool_result_is_kept_as_its_first_4_kib_with_truncated(journal: Journal, fake: FakeOpenAI) -> None:
+    fake.enqueue(tool_call_reply("call_1", "lookup", {"q": "all"}), text_reply("That is a lot."))
+    ran: list[str] = []
+    long = "z" * 10_000
+    async with open_call(lookup_agent(fake, ran, max_tool_rounds=2, result=lambda q: long), journal) as call:
+        call.caller.say("Look it all up.")
+        result = await call.next_result()
+    assert result.text == "That is a lot." and ran == ["all"]
+    (_, assistant) = await turns(journal)
+    (tool,) = assistant["toolCalls"]
+    kept = tool["result"]
+    assert isinstance(kept, str) and len(kept.encode()) == KEEP_JSON_BYTES
+    assert kept == json.dumps(long)[:KEEP_JSON_BYTES]
+    # The record says the result was cut (on the tool call or on the turn).
+    assert tool.get("truncated") is True or assistant.get("truncated") is True
+
+
+# -- the per-call API agent code uses ---------------------------------------------------------
+
+
+async def test_tools_send_to_the_client_and_the_host(journal: Journal) -> None:
+    agent = Agent("orders", instructions="You take orders.")
+    asked: list[str] = []
+
+    @agent.tool
+    async def room_service(ctx: Context, dish: str) -> str:
+        """Order a dish from room service."""
+        ctx.send.to_client("order-placed", {"dish": dish})
+        ctx.send.to_host("kitchen.order", {"dish": dish})
+        try:
+            await ctx.ask_host("kitchen.confirm", {"dish": dish}, timeout=1)
+        except HostUnavailableError as exc:
+            asked.append(type(exc).__name__)
+        return f"{dish} is on its way."
+
+    async with open_call(agent, journal, host_connected=False) as call:
+        call.caller.say("Room service dish soup please.")
+        result = await call.next_result()
+        with trio.fail_after(5):
+            message = await call.caller.to_client.receive()
+    assert result.tool_calls[0].ok and asked == ["HostUnavailableError"]
+    assert message == {"key": "order-placed", "payload": {"dish": result.tool_calls[0].arguments["dish"]}}
+    # No host reads this call: nothing is written for it, and the client send is journaled.
+    assert [r.cls for r in await journal.read(0, producer="call-1") if r.cls == "host"] == []
+    (sent,) = await conversation_events(journal, "curb.toClient")
+    assert sent["key"] == "order-placed"
