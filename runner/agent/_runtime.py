@@ -33,7 +33,7 @@ from ..voice.engine import (
     TurnPlan,
     TurnResult,
 )
-from ..voice.listener import Listener, SpeechStarted, Utterance
+from ..voice.listener import Listener, SpeechEnded, SpeechStarted
 from ..wire import EffectiveSettings, HostMessage, Issue, WireError, converter, decode, encode
 from ._authoring import Agent, AppTool, Offer, Sender, call_maybe_async, check_key
 from ._context import Context, HostTimeoutError, HostUnavailableError
@@ -213,6 +213,7 @@ class AgentRuntime:
         self._audio_rate_hz = 0
         self._listener: Listener | None = None
         self._turns_send, self._turns = trio.open_memory_channel[tuple[str, dict[str, Any]]](math.inf)
+        self._speech_send, self._speech = trio.open_memory_channel[SpeechEnded](math.inf)
         self._queued = 0
         self._idle = trio.Event()
         self._idle.set()
@@ -520,6 +521,8 @@ class AgentRuntime:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._serve_outbox)
                 nursery.start_soon(self._serve_turns)
+                if self._listener is not None:
+                    nursery.start_soon(self._serve_hearing)
                 # A session that drives its own turns (the agent WebSocket) opens the call itself.
                 greeting = None if getattr(session, "drives_turns", False) else self.greeting_options()
                 if greeting is not None:
@@ -539,15 +542,30 @@ class AgentRuntime:
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._turns_send.send_nowait((text, options))  # type: ignore[arg-type]
 
+    async def _serve_hearing(self) -> None:
+        assert self._listener is not None
+        async for speech in self._speech:
+            try:
+                heard = await self._listener.transcribe(speech)
+                if heard.text:
+                    self._queue_turn(heard.text, heard_seconds=heard.audio_seconds)
+            except Exception as exc:
+                log.warning("call %s: transcription failed: %s", self.call.session_id, exc)
+            finally:
+                self._turn_asked_done()
+
+    def _turn_asked_done(self) -> None:
+        self._queued -= 1
+        if self._queued == 0:
+            self._idle.set()
+
     async def _serve_turns(self) -> None:
         # Turns run one at a time, in the order they were asked for.
         async for text, options in self._turns:
             try:
                 await self.take_turn(text, **options)
             finally:
-                self._queued -= 1
-                if self._queued == 0:
-                    self._idle.set()
+                self._turn_asked_done()
 
     async def wait_idle(self) -> None:
         """Wait until every turn asked for so far has ended."""
@@ -560,14 +578,17 @@ class AgentRuntime:
         elif isinstance(event, AudioFrame):
             if self._listener is None or not self._listening:
                 return
-            for heard in await self._listener.feed(event.pcm, event.sample_rate_hz):
+            for heard in self._listener.feed(event.pcm, event.sample_rate_hz):
                 if isinstance(heard, SpeechStarted) and self._turn is not None:
                     # The caller talks over the agent: stop its voice and its reply.
                     self.interrupt("barge_in")
                     if self.session is not None:
                         await self.session.clear_audio()
-                elif isinstance(heard, Utterance) and heard.text:
-                    self._queue_turn(heard.text, heard_seconds=heard.audio_seconds)
+                elif isinstance(heard, SpeechEnded):
+                    # Transcribed in order by its own task: the call keeps reading events meanwhile.
+                    self._queued += 1
+                    self._idle = trio.Event() if self._idle.is_set() else self._idle
+                    self._speech_send.send_nowait(heard)
         elif isinstance(event, ParticipantJoined) and event.kind == "transfer_target":
             # While the transfer target is in the call the agent neither listens nor speaks.
             self._listening = False

@@ -1,7 +1,8 @@
 """Hearing the caller: voice activity detection decides when they stopped, then STT.
 
 Feed the caller's PCM frames; get :class:`SpeechStarted` as soon as they talk (a
-barge-in) and an :class:`Utterance` with its transcript once they stop.
+barge-in) and a :class:`SpeechEnded` with the utterance's audio once they stop. Feeding
+never waits on the recognizer: :meth:`Listener.transcribe` is for a task of its own.
 """
 
 from __future__ import annotations
@@ -21,12 +22,18 @@ class SpeechStarted:
 
 
 @attrs.frozen(kw_only=True)
+class SpeechEnded:
+    pcm: bytes
+    sample_rate_hz: int
+
+
+@attrs.frozen(kw_only=True)
 class Utterance:
     text: str
     audio_seconds: float
 
 
-Heard = SpeechStarted | Utterance
+Heard = SpeechStarted | SpeechEnded
 
 
 class Listener:
@@ -40,7 +47,7 @@ class Listener:
         self._recent = b""
         self._speech = bytearray()
 
-    async def feed(self, pcm: bytes, sample_rate_hz: int) -> list[Heard]:
+    def feed(self, pcm: bytes, sample_rate_hz: int) -> list[Heard]:
         """Take one frame; return what it completed (a start, and or an utterance)."""
         if self._vad is None or sample_rate_hz != self._rate:
             self._vad = EnergyVad(sample_rate_hz, silence_ms=self._silence_ms)
@@ -61,16 +68,19 @@ class Listener:
                 self._recent = b""
                 heard.append(SpeechStarted(at_ms=event.at_ms))
             else:
-                heard.append(await self._finish())
+                heard.append(self._finish())
         return heard
 
-    async def flush(self) -> list[Heard]:
+    def flush(self) -> list[Heard]:
         """The caller's audio ended: finish an utterance in progress."""
         if self._vad is not None and self._vad.flush():
-            return [await self._finish()]
+            return [self._finish()]
         return []
 
-    async def _finish(self) -> Utterance:
+    def _finish(self) -> SpeechEnded:
         audio, self._speech = bytes(self._speech), bytearray()
-        transcript = await self._stt.transcribe(audio, self._rate)
+        return SpeechEnded(pcm=audio, sample_rate_hz=self._rate)
+
+    async def transcribe(self, speech: SpeechEnded) -> Utterance:
+        transcript = await self._stt.transcribe(speech.pcm, speech.sample_rate_hz)
         return Utterance(text=transcript.text.strip(), audio_seconds=transcript.audio_seconds)
