@@ -326,6 +326,21 @@ class Call:
         self.stop_nowait("transport_closed")
 
 
+class _NoTransport:
+    """Stands in for a missing transport: every join fails with ``detail``."""
+
+    name = "none"
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+    def handles(self, url: str) -> bool:
+        return False
+
+    def open_session(self, target: CallTarget) -> Any:
+        raise TransportError(self.detail)
+
+
 class Runner:
     """The calls one runner process holds.
 
@@ -390,6 +405,10 @@ class Runner:
         """Wait until the runner drained and its last call ended."""
         await self._drained.wait()
 
+    async def wait_draining(self) -> None:
+        """Wait until the runner is asked to drain (it then takes no new calls)."""
+        await self._drain_requested.wait()
+
     def drain_nowait(self, reason: str) -> None:
         """Take no new calls, let those in progress finish, then let :meth:`serve` return."""
         if not self._drain_requested.is_set():
@@ -432,7 +451,8 @@ class Runner:
         for transport in self.transports:
             if transport.handles(url):
                 return transport
-        raise StartFailed(f"no transport on this runner joins {url.split(':', 1)[0]!r} URLs")
+        # The call still runs its failure path, so its record says why it did not start.
+        return _NoTransport(f"no transport on this runner joins {url.split(':', 1)[0]!r} URLs")
 
     async def start_call(self, start: StartCallRequest) -> tuple[Call, bool]:
         """Place a call; answer once it connected. A repeat returns ``(call, False)``.

@@ -10,7 +10,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..errors import InvalidRequest, NotFound, RunnerError
-from ..wire import ErrorBody, WireError, decode, encode
+from ..wire import ErrorBody, Issue, WireError, decode, encode
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ async def read_body(cls: type[T]) -> T:
     """Decode the request's JSON body as ``cls``, or raise ``invalid_request``."""
     value = await request.get_json(force=True, silent=True)
     if value is None:
-        raise InvalidRequest("the body must be a JSON object")
+        raise InvalidRequest("the body must be JSON", issues=[Issue(path=[], message="is not JSON")])
     try:
         return decode(cls, value)
     except WireError as exc:
@@ -43,6 +43,13 @@ async def read_body(cls: type[T]) -> T:
 
 def install_error_handlers(app: QuartTrio) -> None:
     """Every non-2xx answer is an ErrorBody; anything unexpected is a logged 500."""
+
+    @app.after_request
+    async def drain_body(response: Response) -> Response:
+        # Hypercorn starts a keep-alive connection's next request only once this one's
+        # body was read, so an early answer (401, 404, 501) must still consume it.
+        await request.get_data()
+        return response
 
     @app.errorhandler(RunnerError)
     async def runner_error(error: RunnerError) -> Response:

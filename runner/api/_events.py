@@ -22,7 +22,7 @@ def parse_cursor(raw: str | None, head: int) -> int:
     """The exclusive cursor from ``?from=``: absent means "from now on"."""
     if raw is None:
         return head
-    if not raw.isdigit() or len(raw) > 19:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
         raise InvalidRequest(f"from must be a non-negative integer, got {raw!r}")
     return int(raw)
 

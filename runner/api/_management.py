@@ -34,7 +34,7 @@ MAX_GRACE_MS = 60_000
 def _grace_ms(raw: str | None) -> int:
     if raw is None:
         return 0
-    if not raw.isdigit() or int(raw) > MAX_GRACE_MS:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_GRACE_MS:
         raise InvalidRequest(f"graceMs must be an integer from 0 to {MAX_GRACE_MS}, got {raw!r}")
     return int(raw)
 

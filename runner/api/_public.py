@@ -1,0 +1,152 @@
+"""The public listener: the agent WebSocket and the REST it needs (keys and conversations).
+
+Apps reach this listener, not the management one. Bodies are the agent API's own
+(``runner.ino_wire``: snake_case, every field written); errors are the same ``ErrorBody``
+as the management API's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quart import Response, request, websocket
+from quart_trio import QuartTrio
+
+from .. import ino_wire as w
+from ..errors import InvalidRequest, NotFound, Unauthorized
+from ..transports.websocket import AgentSocketService
+from ._common import install_error_handlers
+
+
+class _QuartSocket:
+    """Quart's WebSocket as the driver's :class:`~runner.transports.websocket.SocketIO`."""
+
+    def __init__(self, socket: Any) -> None:
+        self._socket = socket
+
+    @property
+    def requested_subprotocols(self) -> list[str]:
+        return list(self._socket.requested_subprotocols)
+
+    async def accept(self, subprotocol: str | None) -> None:
+        await self._socket.accept(subprotocol=subprotocol)
+
+    async def receive(self) -> str | bytes:
+        return await self._socket.receive()  # type: ignore[no-any-return]
+
+    async def send(self, data: str | bytes) -> None:
+        await self._socket.send(data)
+
+    async def close(self, code: int, reason: str) -> None:
+        await self._socket.close(code, reason)
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    body = json.dumps(w.encode(value), separators=(",", ":"), default=str)
+    return Response(body, status=status, content_type="application/json")
+
+
+async def _body(cls: type[Any]) -> Any:
+    raw = await request.get_data(as_text=True)
+    try:
+        value = json.loads(raw) if raw.strip() else None
+    except ValueError:
+        raise InvalidRequest("the body must be a JSON object") from None
+    try:
+        return w.decode_body(cls, value)
+    except (w.FrameRejected, w.FrameInvalid) as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def _bearer() -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, credential = header.partition(" ")
+    if scheme.lower() != "bearer" or not credential:
+        raise Unauthorized()
+    return credential.strip()
+
+
+def create_public_app(service: AgentSocketService) -> QuartTrio:
+    """The public app of one runner: ``/v1/ephemeral-keys``, ``/v1/agent/...``."""
+    app = QuartTrio("runner.public")
+    app.config["MAX_CONTENT_LENGTH"] = 1 << 20
+    install_error_handlers(app)
+
+    def require_api_key() -> None:
+        if not service.is_api_key(_bearer()):
+            raise Unauthorized()
+
+    async def end_user_or_api_key() -> str | None:
+        """The end user a token speaks for; ``None`` for the API key (it may see every one)."""
+        credential = _bearer()
+        if service.is_api_key(credential):
+            return None
+        return (await service.valid_token(credential)).end_user_id
+
+    @app.post("/v1/ephemeral-keys")
+    async def mint_key() -> Response:
+        require_api_key()
+        body = await _body(w.EphemeralKeyRequest)
+        try:
+            minted = await service.mint_key(body)
+        except w.FrameInvalid as exc:
+            raise InvalidRequest(str(exc)) from None
+        row = minted.row
+        return _json(
+            w.EphemeralKey(token=minted.token, end_user_id=row.end_user_id, expires_at=w.rfc3339(row.expires_at)), 201
+        )
+
+    @app.post("/v1/ephemeral-keys/<token_id>/revoke")
+    async def revoke_key(token_id: str) -> Response:
+        require_api_key()
+        if not await service.revoke(token_id):
+            raise NotFound(f"no ephemeral key {token_id!r}")
+        return _json(w.Revoked(token_id=token_id, revoked=True))
+
+    @app.post("/v1/agent/sessions")
+    async def create_session() -> Response:
+        token = await service.valid_token(_bearer())
+        await _body(w.AgentSessionRequest)
+        row = await service.create_conversation(token)
+        return _json(
+            w.AgentSession(
+                session_id=row.conversation_id,
+                agent_id=row.agent_id,
+                end_user_id=row.end_user_id,
+                created_at=w.rfc3339(row.created_at),
+            ),
+            201,
+        )
+
+    @app.get("/v1/agent/sessions/<session_id>/messages")
+    async def messages(session_id: str) -> Response:
+        end_user = await end_user_or_api_key()
+        await service.conversation_for(session_id, end_user_id=end_user)
+        stored = await service.store.load_messages(session_id)
+        return _json(
+            w.AgentSessionMessages(
+                session_id=session_id,
+                messages=[
+                    w.TranscriptMessage(
+                        position=m.position, role=m.role, text=m.content, turn=m.turn_id, created_at=w.rfc3339(m.created_at)
+                    )
+                    for m in stored
+                    if m.role in ("user", "assistant") and m.content
+                ],
+            )
+        )
+
+    @app.delete("/v1/agent/sessions/<session_id>")
+    async def delete_session(session_id: str) -> Response:
+        end_user = await end_user_or_api_key()
+        await service.conversation_for(session_id, end_user_id=end_user)
+        await service.delete_conversation(session_id)
+        return _json(w.Deleted(session_id=session_id, deleted=True))
+
+    @app.websocket("/v1/agent/stream")
+    async def agent_stream() -> None:
+        socket = websocket._get_current_object()  # type: ignore[attr-defined]
+        await service.serve_socket(_QuartSocket(socket), websocket.args.get("session_id"))
+
+    return app
