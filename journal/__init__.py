@@ -10,3 +10,9 @@ from ._journal import Record as Record
 from ._journal import Window as Window
 from ._journal import now_ms as now_ms
 from ._journal import open_journal as open_journal
+from ._store import AgentStore as AgentStore
+from ._store import ConversationRow as ConversationRow
+from ._store import StoredMessage as StoredMessage
+from ._store import StoredToolCall as StoredToolCall
+from ._store import TokenRow as TokenRow
+from ._store import open_agent_store as open_agent_store

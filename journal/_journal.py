@@ -312,30 +312,45 @@ class Journal:
     async def serve_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Commit queued appends in groups until the journal closes."""
         task_status.started()
-        async with self._receive:
+        try:
+            async with self._receive:
+                while True:
+                    try:
+                        batch = [await self._receive.receive()]
+                    except trio.EndOfChannel:
+                        return
+                    while len(batch) < _MAX_BATCH:
+                        try:
+                            batch.append(self._receive.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    await self._commit(batch)
+        finally:
+            # Cancelled (or closed): no append may wait for a writer that is gone.
+            self._closed = True
             while True:
                 try:
-                    batch = [await self._receive.receive()]
-                except trio.EndOfChannel:
-                    return
-                while len(batch) < _MAX_BATCH:
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                try:
-                    records = await trio.to_thread.run_sync(self._writer.write, batch)
-                except Exception as exc:
-                    for item in batch:
-                        item.error = exc
-                        item.done.set()
-                    continue
-                for item, record in zip(batch, records, strict=True):
-                    item.record = record
-                    item.done.set()
-                self._head = records[-1].envelope
-                self._changed.set()
-                self._changed = trio.Event()
+                    pending = self._receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+                pending.error = JournalClosed("the journal closed before this record was written")
+                pending.done.set()
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        try:
+            # Not abandoned on cancel: a transaction in flight finishes, and its appenders learn how.
+            records = await trio.to_thread.run_sync(self._writer.write, batch)
+        except Exception as exc:
+            for item in batch:
+                item.error = exc
+                item.done.set()
+            return
+        for item, record in zip(batch, records, strict=True):
+            item.record = record
+            item.done.set()
+        self._head = records[-1].envelope
+        self._changed.set()
+        self._changed = trio.Event()
 
     def close_nowait(self) -> None:
         """Take no more appends; the writer finishes what is queued, then returns."""

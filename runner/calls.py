@@ -128,6 +128,10 @@ class Conversation(Protocol):
 
     refused_queued_host_messages: int
 
+    def messages_summary(self) -> dict[str, Any]:
+        """The ``curb.messages`` payload, written once the conversation stopped."""
+        ...
+
 
 ConversationFactory = Callable[[CallContext, CallRecord], Conversation]
 
@@ -164,6 +168,7 @@ class Call:
         # Host messages: ids taken (delivered, or held for delivery), and those held while starting.
         self._taken_ids: set[str] = set()
         self._held: list[HostMessage] = []
+        self._held_delivered = trio.Event()
 
     def live(self) -> LiveCall:
         return LiveCall(session_id=self.session_id, state=self.state, started_at_ms=self.started_at_ms)
@@ -198,7 +203,10 @@ class Call:
             raise SessionNotFound(f"the call {self.session_id!r} has ended")
         if message.id in self._taken_ids:
             return False
-        if self.state == "starting" or self._held:
+        if self.state == "connected" and self._held:
+            # Held messages go first, in order; a message sent once connected is not held.
+            await self._held_delivered.wait()
+        if self.state == "starting":
             if len(self._held) >= MAX_HELD_MESSAGES:
                 raise RunnerAtCapacity(
                     f"{MAX_HELD_MESSAGES} messages are already held for this starting call; retry once it is connected"
@@ -217,7 +225,15 @@ class Call:
         return True
 
     async def _deliver_held(self, conversation: Conversation) -> None:
+        try:
+            await self._deliver_held_in_order(conversation)
+        finally:
+            self._held_delivered.set()
+
+    async def _deliver_held_in_order(self, conversation: Conversation) -> None:
         while self._held:
+            # A stop ends delivery between two messages; the rest stay undelivered.
+            await trio.lowlevel.checkpoint()
             message = self._held[0]
             try:
                 await conversation.deliver_host(message)
@@ -303,6 +319,8 @@ class Call:
             if self.conversation is not None:
                 nursery.start_soon(self.conversation.run, session, receive)
                 nursery.start_soon(self._deliver_held, self.conversation)
+            else:
+                self._held_delivered.set()
             nursery.start_soon(self._pump_events, session, send)
             await self._stop_requested.wait()
             self.state = "ending"
@@ -310,6 +328,10 @@ class Call:
                 with trio.move_on_after(self._grace_ms / 1000):
                     await self.conversation.finish_utterance()
             nursery.cancel_scope.cancel()
+        if self.conversation is not None:
+            # Written once every task of the call stopped, so it counts everything.
+            with trio.CancelScope(shield=True):
+                await self.record.event("curb.messages", self.conversation.messages_summary())
         return self._stop_reason
 
     async def _pump_events(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import secrets
 import sys
 import time
@@ -13,7 +14,7 @@ import trio
 
 from .agent import load_agent
 from .agent._runtime import choose_experiments, conversation_factory, warm_up
-from .config import DEFAULT_ADDRESS, Config
+from .config import DEFAULT_ADDRESS, DEFAULT_PUBLIC_ADDRESS, Config
 from .transports.loopback import LoopbackTransport
 from .wire import StartCallRequest
 
@@ -27,6 +28,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retention", type=int, help="records the journal keeps (default 4096)")
     parser.add_argument("--heartbeat-ms", type=int, help="ping interval of an idle events stream (default 15000)")
     parser.add_argument("--drain-grace-ms", type=int, help="how long a drain lets calls run before it stops them")
+    parser.add_argument(
+        "--public-address",
+        help=f"public listener HOST:PORT for the agent WebSocket (default {DEFAULT_PUBLIC_ADDRESS}; port 0 picks one)",
+    )
+    parser.add_argument("--agent-idle-seconds", type=int, help="an agent socket idle this long is closed (default 300)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,6 +77,8 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
         retention_records=args.retention,
         heartbeat_ms=args.heartbeat_ms,
         drain_grace_ms=args.drain_grace_ms,
+        public_address=args.public_address,
+        agent_idle_seconds=args.agent_idle_seconds,
         max_sessions=getattr(args, "max_sessions", None),
         deployment_id=getattr(args, "deployment_id", None),
         configuration_version=getattr(args, "configuration_version", None),
@@ -78,7 +86,8 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .runtime import resolve_token, serve_runner
+    from .runtime import API_KEY_ENV, resolve_token, serve_runner
+    from .transports.websocket import AgentSocketSetup
 
     mode = {"serve": "managed", "join": "direct-join", "dev": "dev"}[args.command]
     try:
@@ -89,6 +98,8 @@ def _serve(args: argparse.Namespace) -> int:
     agent = load_agent(args.agent)
     trio.run(warm_up, agent)
     token = resolve_token(config)
+    from .transports.livekit import LiveKitTransport
+
     loopback = LoopbackTransport()
     join = None
     if args.command == "join":
@@ -103,13 +114,19 @@ def _serve(args: argparse.Namespace) -> int:
         lambda: serve_runner(
             config,
             token=token,
-            transports=[loopback],
+            transports=[loopback, LiveKitTransport()],
             conversation_factory=conversation_factory(agent, host_connected=True),
             experiment_chooser=lambda start: choose_experiments(
                 agent, start.session_id, start.client_context or {}, start.experiments
             ),
             join=join,
             started_at=_STARTED_AT,
+            # A direct-join runner is handed its one call; the others also serve the agent WebSocket.
+            agent_socket=None
+            if mode == "direct-join"
+            else AgentSocketSetup(
+                agent=agent, api_key=os.environ.get(API_KEY_ENV) or None, idle_seconds=config.agent_idle_seconds
+            ),
         )
     )
     return outcome.exit_code

@@ -38,6 +38,7 @@ class Config:
     heartbeat_ms: int = 15_000
     token_file: Path | None = None
     drain_grace_ms: int = 60_000
+    agent_idle_seconds: int = 300
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
@@ -52,12 +53,13 @@ class Config:
             "deployment_id": "CURB_DEPLOYMENT_ID",
             "configuration_version": "CURB_CONFIGURATION_VERSION",
             "heartbeat_ms": "CURB_HEARTBEAT_MS",
+            "agent_idle_seconds": "CURB_AGENT_IDLE_SECONDS",
         }
         for field, name in env.items():
             if environ.get(name):
                 values[field] = environ[name]
         values.update({k: v for k, v in overrides.items() if v is not None})
-        for field in ("retention_records", "max_sessions", "configuration_version", "heartbeat_ms"):
+        for field in ("retention_records", "max_sessions", "configuration_version", "heartbeat_ms", "agent_idle_seconds"):
             if field in values:
                 values[field] = int(str(values[field]))
         if "journal_path" in values:
@@ -67,6 +69,8 @@ class Config:
         parse_address(config.public_address)
         if config.retention_records < 1 or config.max_sessions < 1:
             raise ValueError("retention and max sessions must be at least 1")
+        if config.agent_idle_seconds < 1:
+            raise ValueError("agent idle seconds must be at least 1")
         if config.configuration_version is not None and config.configuration_version < 1:
             raise ValueError("configuration version must be a positive integer")
         return config

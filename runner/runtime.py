@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
 
@@ -22,19 +23,22 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from journal import open_journal
+from journal import open_agent_store, open_journal
 
-from .api import create_management_app
+from .api import create_management_app, create_public_app
 from .calls import ConversationFactory, Runner, close_open_calls
 from .config import Config
 from .errors import RunnerError
 from .lifecycle import emit_lifecycle
 from .transports import Transport
+from .transports.websocket import AgentSocketService, AgentSocketSetup, WebSocketTransport
 from .wire import LifecycleEnded, LifecycleReady, LifecycleRecovered, StartCallRequest
 
 log = logging.getLogger("runner")
 
 TOKEN_ENV = "CURB_MANAGEMENT_TOKEN"
+API_KEY_ENV = "CURB_API_KEY"
+PUBLIC_LINE = "runner: public listener on "
 _SHUTDOWN_GRACE_S = 5.0
 
 
@@ -102,6 +106,7 @@ async def serve_runner(
     experiment_chooser: Callable[[StartCallRequest], Mapping[str, str]] | None = None,
     handle_signals: bool = True,
     started_at: float | None = None,
+    agent_socket: AgentSocketSetup | None = None,
     task_status: trio.TaskStatus[tuple[str, Runner]] = trio.TASK_STATUS_IGNORED,
 ) -> Outcome:
     """Run one runner until it drained; return how it ended.
@@ -115,21 +120,29 @@ async def serve_runner(
         experiment_chooser: Each call's experiment variants, from its start request.
         handle_signals: Drain on SIGTERM/SIGINT (off when embedded in tests).
         started_at: ``time.monotonic()`` when the process started, for ``warmupMs``.
+        agent_socket: Serve the agent WebSocket on ``config.public_address`` (its bound
+            address is written to stderr as ``runner: public listener on HOST:PORT``
+            before the ready line); ``None``: no public listener.
         task_status: Started with the bound address and the runner, once ready.
     """
     started_at = time.monotonic() if started_at is None else started_at
     exit_code = 0
-    async with open_journal(config.journal_path, retention_records=config.retention_records) as journal:
+    async with open_journal(config.journal_path, retention_records=config.retention_records) as journal, AsyncExitStack() as stack:
         closed = await close_open_calls(journal)
         if closed:
             await emit_lifecycle(journal, LifecycleRecovered(closed_sessions=closed))
+        socket_transport = WebSocketTransport() if agent_socket is not None else None
         runner = Runner(
             config,
             journal,
-            transports=transports,
+            transports=[*transports, *([socket_transport] if socket_transport else [])],
             conversation_factory=conversation_factory,
             experiment_chooser=experiment_chooser,
         )
+        sockets: AgentSocketService | None = None
+        if agent_socket is not None and socket_transport is not None:
+            store = await stack.enter_async_context(open_agent_store(journal.path))
+            sockets = AgentSocketService(runner, socket_transport, store, agent_socket)
         closing = trio.Event()
         shutdown = trio.Event()
         app = create_management_app(
@@ -164,6 +177,23 @@ async def serve_runner(
 
             binds = await nursery.start(serve_http)
             address = binds[0].split("://", 1)[-1]
+            public_done = trio.Event()
+            public_done.set()
+            if sockets is not None:
+                public_done = trio.Event()
+                await nursery.start(sockets.serve)
+
+                async def serve_public(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                    await hypercorn_serve(
+                        create_public_app(sockets),
+                        _hypercorn_config(config.public_address),
+                        shutdown_trigger=shutdown.wait,
+                        task_status=task_status,
+                    )
+                    public_done.set()
+
+                public_binds = await nursery.start(serve_public)
+                print(PUBLIC_LINE + public_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
             warmup_ms = int((time.monotonic() - started_at) * 1000)
             await emit_lifecycle(
                 journal,
@@ -184,5 +214,6 @@ async def serve_runner(
             closing.set()
             shutdown.set()
             await http_done.wait()
+            await public_done.wait()
             signal_scope.cancel()
     return Outcome(exit_code=exit_code, reason=reason)

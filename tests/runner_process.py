@@ -80,7 +80,10 @@ QUIET_AGENT = "tests.agents:quiet"
 
 
 def runner_argv(command: str, journal: Path, *extra: str, agent: str = QUIET_AGENT) -> list[str]:
-    return [sys.executable, "-m", "runner", command, agent, "--address", "127.0.0.1:0", "--journal", str(journal), *extra]
+    return [
+        sys.executable, "-m", "runner", command, agent,
+        "--address", "127.0.0.1:0", "--public-address", "127.0.0.1:0", "--journal", str(journal), *extra,
+    ]
 
 
 @asynccontextmanager

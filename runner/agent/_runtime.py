@@ -532,10 +532,7 @@ class AgentRuntime:
                     await self._on_event(event, nursery)
         finally:
             self._accepting = False
-            for waiter in list(self._asks.values()):
-                waiter.close()
-            with trio.CancelScope(shield=True):
-                await self._write_summary()
+            self._release_asks()
 
     def _queue_turn(self, text: str | None, **options: Any) -> None:
         self._queued += 1
@@ -573,11 +570,17 @@ class AgentRuntime:
 
     async def _on_event(self, event: TransportEvent, nursery: trio.Nursery) -> None:
         if isinstance(event, UserText):
+            if not self._listening:
+                # While the transfer target is in the call the agent takes no turns.
+                log.info("call %s: typed text ignored during a transfer", self.call.session_id)
+                return
             # Typed turns queue behind the running one; only speech barges in.
             self._queue_turn(event.text)
         elif isinstance(event, AudioFrame):
             if self._listener is None or not self._listening:
                 return
+            # A live stt.language change reaches the recognizer from the next utterance.
+            self._listener.use(self._providers.stt(self.current()[2]))
             for heard in self._listener.feed(event.pcm, event.sample_rate_hz):
                 if isinstance(heard, SpeechStarted) and self._turn is not None:
                     # The caller talks over the agent: stop its voice and its reply.
@@ -599,9 +602,17 @@ class AgentRuntime:
             await self._event("curb.transfer", {"state": "agent_resumed", "identity": event.identity})
 
     async def finish_utterance(self) -> None:
-        """Take no new turns; return once the running one (if any) ended."""
+        """Take no new turns; return once the running one (if any) ended.
+
+        An ``ask_host`` still waiting fails at once with HostUnavailableError: the call ends.
+        """
         self._accepting = False
+        self._release_asks()
         await self._turn_done.wait()
+
+    def _release_asks(self) -> None:
+        for waiter in list(self._asks.values()):
+            waiter.close()
 
     # -- Messages ---------------------------------------------------------------------------
 
@@ -767,11 +778,12 @@ class AgentRuntime:
         if self.record is not None:
             await self.record.event(name, payload)
 
-    async def _write_summary(self) -> None:
-        await self._event(
-            "curb.messages",
-            {"undeliveredToClient": dict(self.undelivered_to_client), "refusedQueuedHostMessages": self.refused_queued_host_messages},
-        )
+    def messages_summary(self) -> dict[str, Any]:
+        """The call's ``curb.messages`` payload: what it could not deliver."""
+        return {
+            "undeliveredToClient": dict(self.undelivered_to_client),
+            "refusedQueuedHostMessages": self.refused_queued_host_messages,
+        }
 
 
 def _tool_call_record(call: Any) -> dict[str, Any]:

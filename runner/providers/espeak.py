@@ -146,7 +146,7 @@ class _Engine:
         spec.languages = ctypes.cast(ctypes.c_char_p(b"variant"), ctypes.c_void_p)
         self.variants = self._list(ctypes.byref(spec))
 
-    def _on_audio(self, wav: ctypes._Pointer, numsamples: int, _events: int | None) -> int:
+    def _on_audio(self, wav: object, numsamples: int, _events: int | None) -> int:
         if numsamples > 0 and wav and self._sink is not None:
             self._sink.append(ctypes.string_at(wav, numsamples * 2))
         return 0  # 0 = go on
@@ -303,8 +303,10 @@ class EspeakTTS:
         return tuple(v for v, _ in _engine().variants)
 
     @staticmethod
-    def supports_voice(voice: str) -> bool:
+    def supports_voice(voice: object) -> bool:
         """Whether ``EspeakTTS(voice)`` would accept ``voice`` (for validating settings)."""
+        if not isinstance(voice, str):
+            return False
         try:
             _resolve(voice)
         except UnsupportedVoice:

@@ -38,7 +38,7 @@ _MAX_TABLE_PHASES = 4096
 
 def _samples(pcm: bytes) -> np.ndarray:
     if len(pcm) % _SAMPLE_BYTES:
-        raise ValueError(f"s16le PCM has an even byte count, got {len(pcm)} bytes")
+        raise ValueError(f"s16le PCM needs an even byte count, got {len(pcm)} bytes")
     return np.frombuffer(pcm, dtype="<i2")
 
 

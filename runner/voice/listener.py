@@ -47,6 +47,10 @@ class Listener:
         self._recent = b""
         self._speech = bytearray()
 
+    def use(self, stt: STT) -> None:
+        """Recognize the next utterances with ``stt`` (a live language change)."""
+        self._stt = stt
+
     def feed(self, pcm: bytes, sample_rate_hz: int) -> list[Heard]:
         """Take one frame; return what it completed (a start, and or an utterance)."""
         if self._vad is None or sample_rate_hz != self._rate:

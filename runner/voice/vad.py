@@ -115,7 +115,7 @@ class EnergyVad:
     def feed(self, pcm: bytes) -> list[VadEvent]:
         """Analyse more audio (any length) and return the events it completes, in order."""
         if len(pcm) % 2:
-            raise ValueError(f"s16le PCM has an even byte count, got {len(pcm)} bytes")
+            raise ValueError(f"s16le PCM needs an even byte count, got {len(pcm)} bytes")
         data = self._pending + pcm
         size = self._frame_bytes
         whole = len(data) - len(data) % size
