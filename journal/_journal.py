@@ -300,11 +300,17 @@ class Journal:
         if self._closed:
             raise JournalClosed("the journal is closed")
         pending = _Pending(producer=producer, cls=cls, body=body, stamp=stamp, closes=closes)
-        self._send.send_nowait(pending)
+        try:
+            self._send.send_nowait(pending)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise JournalClosed("the journal is closed") from None
         # Once queued, the record will be written whether or not we are cancelled.
         with trio.CancelScope(shield=True):
             await pending.done.wait()
         if pending.error is not None:
+            if isinstance(pending.error, JournalClosed):
+                # Closed because we are being cancelled: say that, not the closing.
+                await trio.lowlevel.checkpoint_if_cancelled()
             raise pending.error
         assert pending.record is not None
         return pending.record
@@ -312,8 +318,8 @@ class Journal:
     async def serve_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Commit queued appends in groups until the journal closes."""
         task_status.started()
-        try:
-            async with self._receive:
+        async with self._receive:
+            try:
                 while True:
                     try:
                         batch = [await self._receive.receive()]
@@ -325,21 +331,23 @@ class Journal:
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
                     await self._commit(batch)
-        finally:
-            # Cancelled (or closed): no append may wait for a writer that is gone.
-            self._closed = True
-            while True:
-                try:
-                    pending = self._receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                    break
-                pending.error = JournalClosed("the journal closed before this record was written")
-                pending.done.set()
+            finally:
+                # Cancelled (or closed): no append may wait for a writer that is gone.
+                self._closed = True
+                while True:
+                    try:
+                        pending = self._receive.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    pending.error = JournalClosed("the journal closed before this record was written")
+                    pending.done.set()
 
     async def _commit(self, batch: list[_Pending]) -> None:
         try:
-            # Not abandoned on cancel: a transaction in flight finishes, and its appenders learn how.
-            records = await trio.to_thread.run_sync(self._writer.write, batch)
+            # Shielded: a batch taken off the queue is written even when the writer is being
+            # cancelled, so every appender learns how its record fared.
+            with trio.CancelScope(shield=True):
+                records = await trio.to_thread.run_sync(self._writer.write, batch)
         except Exception as exc:
             for item in batch:
                 item.error = exc

@@ -336,10 +336,12 @@ class LiveKitEnv:
         room: str,
         *,
         agent: bool = False,
+        kind: str | None = None,
         name: str | None = None,
         metadata: str | None = None,
         attributes: dict[str, str] | None = None,
     ) -> str:
+        """A room token; ``agent=True`` is ``kind="agent"`` (``kind="sip"`` makes a phone)."""
         from livekit import api
 
         tok = (
@@ -348,7 +350,9 @@ class LiveKitEnv:
             .with_grants(api.VideoGrants(room_join=True, room=room))
         )
         if agent:
-            tok = tok.with_kind("agent")
+            kind = "agent"
+        if kind:
+            tok = tok.with_kind(kind)  # type: ignore[arg-type]
         if name is not None:
             tok = tok.with_name(name)
         if metadata is not None:
@@ -407,15 +411,20 @@ class LiveKitEnv:
         room: str,
         *,
         agent: bool = False,
+        kind: str | None = None,
+        attributes: dict[str, str] | None = None,
         name: str | None = None,
         ready_timeout: float = PEER_READY_TIMEOUT,
     ) -> AsyncIterator[Peer]:
-        """A participant process (lk_peer.py) connected to ``room``."""
+        """A participant process (lk_peer.py) connected to ``room``; ``kind`` and
+        ``attributes`` go into its token (see :meth:`token`)."""
         seq = next(self._seq)
         stderr_path = self.workdir / f"peer-{seq}-{identity}.log"
         env = self.env(
             {
-                "LK_PEER_TOKEN": self.token(identity, room, agent=agent, name=name),
+                "LK_PEER_TOKEN": self.token(
+                    identity, room, agent=agent, kind=kind, name=name, attributes=attributes
+                ),
                 "PYTHONUNBUFFERED": "1",
             }
         )

@@ -18,6 +18,29 @@ Ops:
   perform_rpc      destination method payload [response_timeout]
   register_text    topic               report each incoming text stream as text_received
   send_text        text topic [destinations] [attributes]
+  wait_gone        identity [within]   until that remote participant left the room
+  agent_connect    [agent_identity]    runner.client.connect_agent(room)
+  agent_on         key                 report the agent's messages with that key as
+                                       agent_message; agent_off key removes it
+  agent_send       key [payload] [within]       -> {}            a refusal comes back as
+  agent_ask        key [payload] [within]       -> {reply}       {failed: the error class,
+  agent_update     settings [within]            -> {settings}    code, issues, path}
+  agent_close
+  publish_mic      [rate]              publish a microphone track (one per peer)
+  play             path rate           speak 16-bit mono PCM from a file into it, in real
+                                       time -> {started_at, ended_at} (time.monotonic())
+  record           identity            record that participant's audio from now on
+  wait_speech      [after] [within] [silence_ms] [path]
+                                       the first stretch of speech in the recording that
+                                       starts after monotonic time `after` and is followed
+                                       by silence_ms of quiet -> {first_loud_at,
+                                       last_loud_at, rate, path (its PCM, if asked)}
+  wait_quiet       [after] [quiet_ms] [within]
+                                       the first quiet_ms stretch of quiet in the recording
+                                       after monotonic time `after` (no frames at all count
+                                       as quiet) -> {last_loud_at} (the last loud frame
+                                       before it; null if none)
+  remove_participant identity          the server API (RoomService) removes a participant
   quit                                 disconnect and exit
 
 This is test code: the livekit SDK is asyncio, so this program is asyncio.
@@ -28,14 +51,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import time
+from array import array
 from typing import Any
 
-from livekit import rtc
+from livekit import api, rtc
 
 MAX_LINE = 1 << 20
+SPEECH_DBFS = -45.0  # a 20 ms frame louder than this is speech
+RECORD_RATE = 48_000
+RECORD_FRAME_MS = 20
+
+
+def level_dbfs(pcm: bytes) -> float:
+    samples = array("h", pcm)
+    if not samples:
+        return -100.0
+    power = sum(x * x for x in samples) / len(samples)
+    return 10 * math.log10(power / (32768.0 * 32768.0) + 1e-10)
 
 
 def emit(**msg: Any) -> None:
@@ -56,6 +92,13 @@ class PeerProgram:
         self.pending_rpc: dict[str, asyncio.Future[tuple[str | None, int, str]]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.quit = asyncio.Event()
+        self.agent: Any = None
+        self.unsubscribe: dict[str, Any] = {}
+        self.mic: rtc.AudioSource | None = None
+        # Recorded audio: (arrival time, pcm, loud) per 20 ms frame.
+        self.recording: list[tuple[float, bytes, bool]] = []
+        self.recorded = asyncio.Event()
+        self.recording_ended = False  # the recorded track went away (its participant left)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -69,11 +112,11 @@ class PeerProgram:
 
         @room.on("participant_connected")
         def _joined(p: rtc.RemoteParticipant) -> None:
-            emit(event="participant_connected", identity=p.identity, kind=kind_name(p))
+            emit(event="participant_connected", identity=p.identity, kind=kind_name(p), at=time.monotonic())
 
         @room.on("participant_disconnected")
         def _left(p: rtc.RemoteParticipant) -> None:
-            emit(event="participant_disconnected", identity=p.identity)
+            emit(event="participant_disconnected", identity=p.identity, at=time.monotonic())
 
         @room.on("disconnected")
         def _disconnected(reason: Any) -> None:
@@ -186,6 +229,187 @@ class PeerProgram:
             attributes=req.get("attributes"),
         )
         return {"stream_id": info.stream_id}
+
+    async def op_wait_gone(self, req: dict[str, Any]) -> dict[str, Any]:
+        identity = req["identity"]
+        deadline = time.monotonic() + float(req.get("within", 8))
+        while time.monotonic() < deadline:
+            if identity not in self.room.remote_participants:
+                return {"identity": identity, "at": time.monotonic()}
+            await asyncio.sleep(0.02)
+        raise TimeoutError(f"participant {identity!r} did not leave")
+
+    # --- runner.client ---------------------------------------------------------
+
+    async def agent_call(self, fn: Any) -> dict[str, Any]:
+        from runner.client import AgentRefusedError, AgentUnavailableError
+
+        try:
+            return await fn()
+        except AgentRefusedError as exc:
+            return {"failed": "AgentRefusedError", "code": exc.code, "issues": exc.issues, "path": exc.path}
+        except AgentUnavailableError as exc:
+            return {"failed": "AgentUnavailableError", "message": str(exc)}
+
+    async def op_agent_connect(self, req: dict[str, Any]) -> None:
+        from runner.client import connect_agent
+
+        self.agent = connect_agent(self.room, req.get("agent_identity"))
+
+    async def op_agent_on(self, req: dict[str, Any]) -> None:
+        key = req["key"]
+
+        def handler(payload: Any, meta: dict[str, str]) -> None:
+            emit(event="agent_message", key=key, payload=payload, id=meta["id"], at=time.monotonic())
+
+        self.unsubscribe[key] = self.agent.on(key, handler)
+
+    async def op_agent_off(self, req: dict[str, Any]) -> None:
+        self.unsubscribe.pop(req["key"])()
+
+    async def op_agent_send(self, req: dict[str, Any]) -> dict[str, Any]:
+        async def send() -> dict[str, Any]:
+            await self.agent.send(req["key"], req.get("payload"), timeout=float(req.get("within", 10)))
+            return {}
+
+        return await self.agent_call(send)
+
+    async def op_agent_ask(self, req: dict[str, Any]) -> dict[str, Any]:
+        async def ask() -> dict[str, Any]:
+            reply = await self.agent.ask(req["key"], req.get("payload"), timeout=float(req.get("within", 10)))
+            return {"reply": reply}
+
+        return await self.agent_call(ask)
+
+    async def op_agent_update(self, req: dict[str, Any]) -> dict[str, Any]:
+        async def update() -> dict[str, Any]:
+            settings = await self.agent.update(req["settings"], timeout=float(req.get("within", 10)))
+            return {"settings": settings}
+
+        return await self.agent_call(update)
+
+    async def op_agent_close(self, req: dict[str, Any]) -> None:
+        self.agent.close()
+
+    # --- audio -----------------------------------------------------------------
+
+    async def op_publish_mic(self, req: dict[str, Any]) -> dict[str, Any]:
+        rate = int(req.get("rate", RECORD_RATE))
+        self.mic = rtc.AudioSource(rate, 1, queue_size_ms=200)
+        track = rtc.LocalAudioTrack.create_audio_track("mic", self.mic)
+        options = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
+        publication = await self.room.local_participant.publish_track(track, options)
+        return {"sid": publication.sid}
+
+    async def op_play(self, req: dict[str, Any]) -> dict[str, Any]:
+        assert self.mic is not None, "publish_mic first"
+        rate = int(req["rate"])
+        assert rate == self.mic.sample_rate, "play at the rate the mic was published at"
+        with open(req["path"], "rb") as file:
+            pcm = file.read()
+        step = rate * RECORD_FRAME_MS // 1000 * 2
+        started = time.monotonic()
+        for start in range(0, len(pcm), step):
+            chunk = pcm[start : start + step]
+            await self.mic.capture_frame(rtc.AudioFrame(chunk, rate, 1, len(chunk) // 2))
+        queued = self.mic.queued_duration
+        await self.mic.wait_for_playout()
+        # The moment the last sample left the source: the end of what was said.
+        return {"started_at": started, "ended_at": time.monotonic(), "queued_at_end": queued}
+
+    async def op_record(self, req: dict[str, Any]) -> None:
+        identity = req["identity"]
+        deadline = time.monotonic() + float(req.get("within", 8))
+        track = None
+        while track is None and time.monotonic() < deadline:
+            participant = self.room.remote_participants.get(identity)
+            for publication in (participant.track_publications.values() if participant else ()):
+                if publication.kind == rtc.TrackKind.KIND_AUDIO and publication.track is not None:
+                    track = publication.track
+            if track is None:
+                await asyncio.sleep(0.02)
+        if track is None:
+            raise TimeoutError(f"{identity!r} has no audio track to record")
+        self.recording.clear()
+        self.recording_ended = False
+
+        async def record() -> None:
+            stream = rtc.AudioStream(track, sample_rate=RECORD_RATE, num_channels=1, frame_size_ms=RECORD_FRAME_MS)
+            try:
+                async for event in stream:
+                    pcm = bytes(event.frame.data)
+                    self.recording.append((time.monotonic(), pcm, level_dbfs(pcm) > SPEECH_DBFS))
+                    self.recorded.set()
+            finally:
+                self.recording_ended = True
+                self.recorded.set()
+                await stream.aclose()
+
+        self.spawn(record())
+
+    async def op_wait_speech(self, req: dict[str, Any]) -> dict[str, Any]:
+        after = float(req.get("after", 0))
+        deadline = time.monotonic() + float(req.get("within", 15))
+        quiet_s = float(req.get("silence_ms", 700)) / 1000
+        while time.monotonic() < deadline:
+            frames = [f for f in self.recording if f[0] > after]
+            loud = [i for i, f in enumerate(frames) if f[2]]
+            if loud and frames[-1][0] - frames[loud[-1]][0] >= quiet_s:
+                first, last = loud[0], loud[-1]
+                result: dict[str, Any] = {
+                    "first_loud_at": frames[first][0],
+                    "last_loud_at": frames[last][0],
+                    "rate": RECORD_RATE,
+                    "seconds": (last - first + 1) * RECORD_FRAME_MS / 1000,
+                }
+                if req.get("path"):
+                    keep = frames[max(0, first - 15) : last + 15]
+                    with open(req["path"], "wb") as file:
+                        file.write(b"".join(f[1] for f in keep))
+                    result["path"] = req["path"]
+                return result
+            self.recorded.clear()
+            try:
+                await asyncio.wait_for(self.recorded.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+        raise TimeoutError(f"no speech followed by {quiet_s:g} s of quiet was heard")
+
+    async def op_wait_quiet(self, req: dict[str, Any]) -> dict[str, Any]:
+        after = float(req.get("after", 0))
+        deadline = time.monotonic() + float(req.get("within", 15))
+        quiet_s = float(req.get("quiet_ms", 1000)) / 1000
+        while time.monotonic() < deadline:
+            last_loud: float | None = None
+            quiet_from = after
+            for at, _, loud in self.recording:
+                if at <= after:
+                    continue
+                if loud:
+                    last_loud = quiet_from = at
+                elif at - quiet_from >= quiet_s:
+                    return {"last_loud_at": last_loud, "quiet_at": at}
+            if self.recording_ended or time.monotonic() - quiet_from >= quiet_s + 0.5:
+                # The track is gone, or sends nothing: no sound is quiet too.
+                return {"last_loud_at": last_loud, "quiet_at": None}
+            self.recorded.clear()
+            try:
+                await asyncio.wait_for(self.recorded.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+        raise TimeoutError(f"the recording was never quiet for {quiet_s:g} s")
+
+    # --- the server API --------------------------------------------------------
+
+    async def op_remove_participant(self, req: dict[str, Any]) -> None:
+        url = os.environ["LIVEKIT_URL"].replace("ws://", "http://").replace("wss://", "https://")
+        lkapi = api.LiveKitAPI(url, os.environ["LIVEKIT_API_KEY"], os.environ["LIVEKIT_API_SECRET"])
+        try:
+            await lkapi.room.remove_participant(
+                api.RoomParticipantIdentity(room=self.room.name, identity=req["identity"])
+            )
+        finally:
+            await lkapi.aclose()
 
     # --- main loop -------------------------------------------------------------
 

@@ -1,0 +1,82 @@
+"""Agents the LiveKit tests start runners with: ``runner serve tests/livekit/lk_agents.py:NAME``.
+
+Offline and deterministic: espeak-ng speaks, pocketsphinx hears, the local rule-based model
+answers. The instructions hold the sentences the local model can answer with, chosen so
+pocketsphinx transcribes them well in espeak's clear US voice.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from runner.agent import LLM, STT, TTS, Agent, Context
+
+REPLY = "Thank you very much, my name is Mary."
+
+
+@attrs.frozen
+class Quote:
+    plan: str
+
+
+agent = Agent(
+    "lk-test",
+    instructions=f"{REPLY} The garden room serves breakfast from seven to eleven.",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="espeak", voice="en"),
+    stt=STT(provider="pocketsphinx", language="en"),
+    greeting="Hello there.",
+    adjustable={"client": ["tts.voice"], "host": ["tts.voice", "stt.language", "llm"]},
+    state=lambda: {"pings": 0},
+)
+
+
+@agent.on_message("ping", sender="client")
+def ping(ctx: Context, payload: dict[str, object]) -> dict[str, object]:
+    ctx.state["pings"] += 1
+    ctx.send.to_client("pinged", {"count": ctx.state["pings"], "echo": payload})
+    return {"pong": payload.get("n") if isinstance(payload, dict) else None}
+
+
+@agent.on_message("quote", sender="client", schema=Quote)
+def quote(ctx: Context, request: Quote) -> dict[str, object]:
+    return {"plan": request.plan, "price": 17 if request.plan == "basic" else 42}
+
+
+@agent.on_message("boom", sender="client")
+def boom(ctx: Context, payload: object) -> None:
+    raise RuntimeError("the test handler failed on purpose")
+
+
+@agent.on_message("ops.notice", sender="host")
+def notice(ctx: Context, payload: dict[str, object]) -> None:
+    ctx.send.to_client("notice", payload)
+
+
+# No greeting and no ears: for calls that only exchange messages.
+quiet = Agent(
+    "lk-quiet",
+    instructions="You answer briefly.",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="espeak", voice="en"),
+    adjustable={"client": ["tts.voice"], "host": ["tts.voice"]},
+    state=lambda: {"pings": 0},
+)
+quiet.handlers = agent.handlers
+
+
+# A long opening line, to talk over.
+talker = Agent(
+    "lk-talker",
+    instructions=f"{REPLY}",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="espeak", voice="en-us+f2"),
+    stt=STT(provider="pocketsphinx", language="en"),
+    greeting=(
+        "Welcome to the long greeting of this test. It goes on for a while on purpose. "
+        "It tells you about the garden room and the breakfast served there every morning. "
+        "It tells you about the spa and its opening hours, and the late checkout. "
+        "It keeps talking so that you can talk over it and see it stop. "
+        "If you can still hear this sentence, the barge-in did not work."
+    ),
+)
