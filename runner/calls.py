@@ -293,23 +293,24 @@ class Call:
 
     async def _run_connected(self) -> str:
         target = CallTarget(session_id=self.session_id, url=self.start.realtime_url, token=self.start.realtime_token)
-        try:
-            with trio.fail_after(START_TIMEOUT_S):
-                manager = self._transport.open_session(target)
-                session = await manager.__aenter__()
-        except (TransportError, trio.TooSlowError) as exc:
-            detail = str(exc) or "the transport did not connect in time"
-            self._start_error = detail
-            return f"start_failed: {detail}"
-        try:
-            self.session = session
-            self.state = "connected"
-            self.connected.set()
-            self._start_outcome.set()
-            return await self._converse(session)
-        finally:
-            with trio.CancelScope(shield=True):
-                await manager.__aexit__(None, None, None)
+        # The join has START_TIMEOUT_S; once connected the deadline is lifted, so the
+        # transport's session is an ordinary `async with` that may own a nursery.
+        with trio.CancelScope(deadline=trio.current_time() + START_TIMEOUT_S) as join_scope:
+            try:
+                async with self._transport.open_session(target) as session:
+                    join_scope.deadline = math.inf
+                    self.session = session
+                    self.state = "connected"
+                    self.connected.set()
+                    self._start_outcome.set()
+                    return await self._converse(session)
+            except TransportError as exc:
+                if self.state != "starting":
+                    return f"disconnected: {exc}"
+                self._start_error = str(exc) or "the transport refused the join"
+                return f"start_failed: {self._start_error}"
+        self._start_error = "the transport did not connect in time"
+        return f"start_failed: {self._start_error}"
 
     async def _converse(self, session: TransportSession) -> str:
         # The call reads the transport's events: it ends itself when the room is

@@ -596,6 +596,8 @@ class AgentRuntime:
             # While the transfer target is in the call the agent neither listens nor speaks.
             self._listening = False
             self.interrupt("transferred")
+            if self.session is not None:
+                await self.session.clear_audio()
             await self._event("curb.transfer", {"state": "target_joined", "identity": event.identity})
         elif isinstance(event, ParticipantLeft) and event.kind == "transfer_target":
             self._listening = True
