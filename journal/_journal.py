@@ -8,6 +8,8 @@ only then: nothing is ever streamed that a crash could take back.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import math
 import sqlite3
@@ -24,7 +26,8 @@ from sqlite_utils import Database
 from migrations import MIGRATIONS
 
 DEFAULT_RETENTION_RECORDS = 4096
-_MAX_BATCH = 2048
+_RECENT_LINES = 4096
+_RECENT_BYTES = 8 << 20
 _READ_POOL = 4
 
 # The stream's line for a record, built by SQLite from the stored JSON body, so a
@@ -48,11 +51,11 @@ class Record:
         body: The JSON object.
     """
 
-    envelope: int = attrs.field(validator=attrs.validators.ge(1))
-    producer: str = attrs.field(validator=attrs.validators.min_len(1))
-    seq: int = attrs.field(validator=attrs.validators.ge(1))
-    cls: str = attrs.field(validator=attrs.validators.min_len(1))
-    at: int = attrs.field(validator=attrs.validators.ge(0))
+    envelope: int
+    producer: str
+    seq: int
+    cls: str
+    at: int
     body: Mapping[str, Any]
 
     @classmethod
@@ -140,11 +143,18 @@ def _window(conn: sqlite3.Connection) -> Window:
         conn.execute("COMMIT")
 
 
-def _read_lines(conn: sqlite3.Connection, after: int, limit: int) -> list[tuple[int, str]]:
-    return conn.execute(
-        f"SELECT envelope, {_LINE_SQL} FROM records WHERE envelope > ? ORDER BY envelope LIMIT ?",
-        (after, limit),
-    ).fetchall()
+def _read_lines(
+    conn: sqlite3.Connection, after: int, limit: int, producer: str | None = None, klass: str | None = None
+) -> list[tuple[int, str]]:
+    sql = f"SELECT envelope, {_LINE_SQL} FROM records WHERE envelope > ?"
+    args: list[Any] = [after]
+    if producer is not None:
+        sql += " AND producer = ?"
+        args.append(producer)
+    if klass is not None:
+        sql += " AND class = ?"
+        args.append(klass)
+    return conn.execute(sql + " ORDER BY envelope LIMIT ?", [*args, limit]).fetchall()
 
 
 def _read_records(
@@ -168,14 +178,23 @@ def _open_producers(conn: sqlite3.Connection, exclude: Sequence[str]) -> list[st
     return [row[0] for row in rows if row[0] not in exclude]
 
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+# As SQLite's json_object() writes a string: non-ASCII characters as they are.
+_encode_name = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 @attrs.define(kw_only=True)
 class _Pending:
     producer: str
     cls: str
     body: Mapping[str, Any]
+    # The body's JSON, encoded by the appender (so one bad body fails only its own append);
+    # for a stamped body, everything but its type, which the writer puts first with seq and at.
+    encoded: str
     stamp: bool
     closes: bool
-    done: trio.Event = attrs.Factory(trio.Event)
+    # Shared by every record of one batch: set once the batch committed (or failed).
+    done: trio.Event
     record: Record | None = None
     error: BaseException | None = None
 
@@ -198,26 +217,36 @@ class _Writer:
             last = row[0] if row else 0
         return last + 1
 
-    def write(self, batch: Sequence[_Pending]) -> list[Record]:
+    def write(self, batch: Sequence[_Pending]) -> tuple[list[Record], list[tuple[int, str]]]:
+        """Commit ``batch`` as one transaction; return its records and their stream lines."""
         at = now_ms()
         envelope = self.head
         seqs: dict[str, int] = {}
         rows = []
         records = []
+        lines: list[tuple[int, str]] = []
         closed = []
         for item in batch:
             seq = seqs.get(item.producer) or self._next_seq(item.producer)
             seqs[item.producer] = seq + 1
             envelope += 1
-            body = dict(item.body)
+            body = item.body
+            text = item.encoded
             if item.stamp:
                 # Call records repeat their seq and at inside the body (the seed's host record).
-                body = {"type": body.pop("type"), "seq": seq, "at": at, **body}
-            rows.append(
-                (envelope, item.producer, seq, item.cls, at, json.dumps(body, separators=(",", ":")))
-            )
+                body = {"type": body["type"], "seq": seq, "at": at, **body}
+                head = f'{{"type":{_encode(body["type"])},"seq":{seq},"at":{at}'
+                text = head + ("," + text[1:] if len(text) > 2 else "}")
+            rows.append((envelope, item.producer, seq, item.cls, at, text))
             records.append(
                 Record(envelope=envelope, producer=item.producer, seq=seq, cls=item.cls, at=at, body=body)
+            )
+            lines.append(
+                (
+                    envelope,
+                    f'{{"envelope":{envelope},"producer":{_encode_name(item.producer)},"seq":{seq},'
+                    f'"class":{_encode_name(item.cls)},"at":{at},"body":{text}}}',
+                )
             )
             if item.closes:
                 closed.append(item.producer)
@@ -246,7 +275,7 @@ class _Writer:
         self.head = envelope
         for producer, seq in seqs.items():
             self.seqs[producer] = seq - 1
-        return records
+        return records, lines
 
 
 class Journal:
@@ -265,6 +294,9 @@ class Journal:
         self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
         self._head = writer.head
         self._changed = trio.Event()
+        self._next_done = trio.Event()
+        self._recent: collections.deque[tuple[int, str]] = collections.deque()
+        self._recent_bytes = 0
         self._closed = False
 
     @property
@@ -299,14 +331,22 @@ class Journal:
         """
         if self._closed:
             raise JournalClosed("the journal is closed")
-        pending = _Pending(producer=producer, cls=cls, body=body, stamp=stamp, closes=closes)
+        if stamp:
+            encoded = _encode({k: v for k, v in body.items() if k != "type"})
+        else:
+            encoded = _encode(body)
+        if not encoded.startswith("{"):
+            raise TypeError("a record's body must be a JSON object")
+        pending = _Pending(
+            producer=producer, cls=cls, body=body, encoded=encoded, stamp=stamp, closes=closes, done=self._next_done
+        )
         try:
             self._send.send_nowait(pending)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise JournalClosed("the journal is closed") from None
-        # Once queued, the record will be written whether or not we are cancelled.
-        with trio.CancelScope(shield=True):
-            await pending.done.wait()
+        # Once queued, the record is written whether or not we are cancelled; a cancelled
+        # appender just does not learn how it fared.
+        await pending.done.wait()
         if pending.error is not None:
             if isinstance(pending.error, JournalClosed):
                 # Closed because we are being cancelled: say that, not the closing.
@@ -325,12 +365,16 @@ class Journal:
                         batch = [await self._receive.receive()]
                     except trio.EndOfChannel:
                         return
-                    while len(batch) < _MAX_BATCH:
+                    # Everything queued goes in this batch: its appenders share one event, and
+                    # appends from now on get the next one.
+                    while True:
                         try:
                             batch.append(self._receive.receive_nowait())
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
+                    done, self._next_done = self._next_done, trio.Event()
                     await self._commit(batch)
+                    done.set()
             finally:
                 # Cancelled (or closed): no append may wait for a writer that is gone.
                 self._closed = True
@@ -340,25 +384,33 @@ class Journal:
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                     pending.error = JournalClosed("the journal closed before this record was written")
-                    pending.done.set()
+                self._next_done.set()
 
     async def _commit(self, batch: list[_Pending]) -> None:
         try:
             # Shielded: a batch taken off the queue is written even when the writer is being
             # cancelled, so every appender learns how its record fared.
             with trio.CancelScope(shield=True):
-                records = await trio.to_thread.run_sync(self._writer.write, batch)
+                records, lines = await trio.to_thread.run_sync(self._writer.write, batch)
         except Exception as exc:
             for item in batch:
                 item.error = exc
-                item.done.set()
             return
         for item, record in zip(batch, records, strict=True):
             item.record = record
-            item.done.set()
+        self._remember(lines)
         self._head = records[-1].envelope
         self._changed.set()
         self._changed = trio.Event()
+
+    def _remember(self, lines: list[tuple[int, str]]) -> None:
+        # Followers read the newest lines from memory: one SQL read per commit, not per follower.
+        recent = self._recent
+        recent.extend(lines)
+        self._recent_bytes += sum(len(line) for _, line in lines)
+        limit = min(self._writer.retention_records, _RECENT_LINES)
+        while recent and (len(recent) > limit or self._recent_bytes > _RECENT_BYTES):
+            self._recent_bytes -= len(recent.popleft()[1])
 
     def close_nowait(self) -> None:
         """Take no more appends; the writer finishes what is queued, then returns."""
@@ -414,6 +466,11 @@ class Journal:
         Raises:
             CursorTooOld: The record right after ``after`` was pruned (``after`` > 0).
         """
+        recent = self._recent
+        if recent and recent[0][0] <= after + 1:
+            start = after + 1 - recent[0][0]
+            await trio.lowlevel.checkpoint()
+            return list(itertools.islice(recent, start, start + limit))
         rows: list[tuple[int, str]] = await self._run_read(_read_lines, after, limit)
         if rows and after > 0 and rows[0][0] != after + 1:
             raise CursorTooOld(after, rows[0][0])
@@ -490,5 +547,7 @@ class JournalFile:
     ) -> list[Record]:
         return _read_records(self._conn, after, limit, producer, cls)
 
-    def read_lines(self, after: int, limit: int = 1024) -> list[tuple[int, str]]:
-        return _read_lines(self._conn, after, limit)
+    def read_lines(
+        self, after: int, limit: int = 1024, *, producer: str | None = None, cls: str | None = None
+    ) -> list[tuple[int, str]]:
+        return _read_lines(self._conn, after, limit, producer, cls)

@@ -32,14 +32,6 @@ def summarize(record: Record) -> str:
     return json.dumps(dict(body), separators=(",", ":"))[:140]
 
 
-def _line(record: Record) -> str:
-    body = json.dumps(dict(record.body), separators=(",", ":"), ensure_ascii=False)
-    return (
-        f'{{"envelope":{record.envelope},"producer":{json.dumps(record.producer, ensure_ascii=False)},'
-        f'"seq":{record.seq},"class":{json.dumps(record.cls)},"at":{record.at},"body":{body}}}'
-    )
-
-
 def _timeline(record: Record) -> str:
     at = datetime.fromtimestamp(record.at / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
     return f"#{record.envelope:<6} {at.replace('+00:00', 'Z')}  {record.producer}#{record.seq:<4} {record.cls:<12} {summarize(record)}"
@@ -82,8 +74,12 @@ def replay(
         elif window.oldest is None and 0 < cursor < window.head:
             say_gap(cursor + 1, window.head)
         while True:
-            records = journal.read(cursor, 1024, producer=producer, cls=cls)
-            if not records:
+            # --json prints the lines exactly as the stream renders them.
+            if as_json:
+                items = journal.read_lines(cursor, 1024, producer=producer, cls=cls)
+            else:
+                items = [(r.envelope, _timeline(r)) for r in journal.read(cursor, 1024, producer=producer, cls=cls)]
+            if not items:
                 if not follow or (deadline is not None and time.monotonic() > deadline):
                     return 0
                 # Another process writes: poll, outside any read transaction.
@@ -93,11 +89,11 @@ def replay(
                     cursor = window.oldest - 1
                 time.sleep(_POLL_S)
                 continue
-            for record in records:
-                if producer is None and cls is None and record.envelope != cursor + 1 and cursor >= after:
-                    say_gap(cursor + 1, record.envelope - 1)
-                print(_line(record) if as_json else _timeline(record), file=out)
-                cursor = record.envelope
+            for envelope, text in items:
+                if producer is None and cls is None and envelope != cursor + 1 and cursor >= after:
+                    say_gap(cursor + 1, envelope - 1)
+                print(text, file=out)
+                cursor = envelope
             out.flush()
     except KeyboardInterrupt:
         return 0

@@ -26,6 +26,7 @@ PROTOCOL_VERSION = 1
 PROTOCOL_VERSIONS = (1,)
 
 State = Literal["starting", "connected", "ending", "ended"]
+JSONObject = dict[str, Any]
 Direction = Literal["inbound", "outbound"]
 
 
@@ -133,7 +134,27 @@ class Heartbeat:
 
 # -- Records -------------------------------------------------------------------------------
 
-JournalRecord = Record
+@attrs.frozen(kw_only=True)
+class JournalRecord:
+    """One stream line: a committed record (the journal's :class:`~journal.Record`, on the wire)."""
+
+    envelope: int = attrs.field(validator=_at_least(1))
+    producer: str = attrs.field(validator=_non_empty)
+    seq: int = attrs.field(validator=_at_least(1))
+    cls: str = attrs.field(validator=_non_empty)
+    at: int = attrs.field(validator=_at_least(0))
+    body: JSONObject
+
+    @classmethod
+    def from_record(cls, record: Record) -> JournalRecord:
+        return cls(
+            envelope=record.envelope,
+            producer=record.producer,
+            seq=record.seq,
+            cls=record.cls,
+            at=record.at,
+            body=dict(record.body),
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -220,8 +241,6 @@ class RunnerStatus:
 
 
 # -- Messages --------------------------------------------------------------------------------
-
-JSONObject = dict[str, Any]
 
 
 @attrs.frozen(kw_only=True)
@@ -584,15 +603,3 @@ def decode(cls: type[T], value: Any) -> T:
 def encode(value: Any) -> Any:
     """Unstructure a wire type (or a list of them) to JSON-ready values."""
     return converter.unstructure(value)
-
-
-def record_line(record: Record) -> dict[str, Any]:
-    """A record as a stream line object."""
-    return {
-        "envelope": record.envelope,
-        "producer": record.producer,
-        "seq": record.seq,
-        "class": record.cls,
-        "at": record.at,
-        "body": dict(record.body),
-    }

@@ -133,3 +133,32 @@ async def test_journal_file_reads_beside_a_writer(tmp_path: Path) -> None:
         await journal.append("p", "c", {"n": 2})
         assert [r.body for r in reader.read(1)] == [{"n": 2}]
         reader.close()
+
+
+async def test_lines_from_memory_and_from_the_file_are_identical(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    bodies = [{"type": "event", "text": "café ☕ \"q\" \\ \n\t\u0001"}, {"type": "host", "n": 1.5, "x": [1, None, True]}]
+    async with open_journal(path) as journal:
+        for i, body in enumerate(bodies):
+            await journal.append(f"call-é-{i}", "conversation", body, stamp=i == 0)
+        hot = await journal.read_lines(0)  # the newest lines, from memory
+        cold = JournalFile(path)
+        try:
+            assert cold.read_lines(0) == hot  # rendered by SQLite
+        finally:
+            cold.close()
+
+
+async def test_a_body_that_is_not_json_fails_only_its_own_append(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        good: list[int] = []
+
+        async def append_good() -> None:
+            good.append((await journal.append("p", "c", {"ok": True})).envelope)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(append_good)
+            with pytest.raises(TypeError):
+                await journal.append("p", "c", {"bad": {1, 2}})
+        assert sorted(good) == [1, 2, 3, 4, 5]

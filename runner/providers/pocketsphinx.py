@@ -1,10 +1,18 @@
 """Offline speech to text with PocketSphinx 5 and the US English model inside its wheel.
 
 A ``pocketsphinx.Decoder`` is not safe to share between threads, costs about 0.3 s and
-about 90 MB to create, and decodes about four times faster than real time. So each
-utterance or stream borrows one decoder from a small process-wide pool, uses it only in
-Trio worker threads, and has its feature state reset on the way out, so a transcript
-never depends on whichever call used the decoder before.
+about 90 MB to create, decodes about four times faster than real time, and holds the GIL
+while it decodes. So each utterance or stream borrows one decoder from a small pool, and
+has its feature state reset on the way out, so a transcript never depends on whichever
+call used the decoder before.
+
+A whole utterance is decoded in one call that holds the GIL for its full length (in a
+thread, a 3-sentence decode froze the runner's event loop for over a second), so it runs
+in a ``trio_parallel`` worker process. The worker keeps its own pool of decoders warm
+between calls; it starts on first use or ``warm_up`` (about 0.9 s), exits after 10 idle
+minutes and when the runner exits. A stream feeds its decoder in short slices from a
+Trio worker thread, so the GIL is free between slices; only ``finish`` still holds it for
+the decoder's final pass (about 60 ms per second of speech).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from types import TracebackType
 import numpy as np
 import pocketsphinx
 import trio
+import trio_parallel
 
 from ..voice.audio import Resampler, pcm_seconds
 from ._types import ProviderError, Transcript
@@ -44,6 +53,12 @@ _PRIME_S = 0.5
 _C0_PER_DB = 1.073
 _C0_AT_0_DB = -14.0
 _LOUD_WITHIN_DB = 30.0
+# Audio whose loudest 10 ms frame is below this (an RMS of 10 LSB, about -70 dBFS) holds
+# no speech; pocketsphinx would still hear a word in it ("it", "dog").
+_SILENT_BELOW_DB = 20.0
+# A stream hands the decoder at most this much 16 kHz audio per call, which holds the
+# GIL for about a quarter of it (about 12 ms).
+_SLICE_BYTES = DECODER_RATE_HZ * 2 // 20
 
 
 class UnsupportedLanguage(ProviderError, ValueError):
@@ -107,6 +122,11 @@ class _DecoderPool:
 _pool = _DecoderPool(_MAX_IDLE_DECODERS)
 
 
+def _fill_pool(count: int) -> None:
+    # A module-level function, so a worker process can be told to run it.
+    _pool.fill(count)
+
+
 def _check_rate(sample_rate_hz: int) -> None:
     if sample_rate_hz not in SUPPORTED_RATES_HZ:
         raise ValueError(
@@ -151,9 +171,18 @@ def _prime_cmn(decoder: pocketsphinx.Decoder, audio: bytes) -> None:
     decoder.set_cmn(",".join(cmn))
 
 
+def _is_silent(audio: bytes) -> bool:
+    db = _frame_db(np.frombuffer(audio, dtype="<i2"))
+    return db.size == 0 or db.max() < _SILENT_BELOW_DB
+
+
 def _decode_whole(pcm: bytes, sample_rate_hz: int) -> str:
+    # Runs in a worker process: ``_pool`` there is that process's own.
     resampler = Resampler(sample_rate_hz, DECODER_RATE_HZ)
-    audio = _trim_quiet_ends(resampler.process(pcm) + resampler.flush())
+    audio = resampler.process(pcm) + resampler.flush()
+    if _is_silent(audio):
+        return ""
+    audio = _trim_quiet_ends(audio)
     decoder = _pool.acquire()
     try:
         decoder.start_utt()
@@ -202,9 +231,13 @@ class PocketsphinxSTT:
     async def warm_up(self, decoders: int = 1) -> None:
         """Create up to ``decoders`` idle decoders now, so the first utterance does not wait.
 
-        At most two are kept idle; each costs about 0.3 s and 90 MB.
+        Starts the worker process that decodes whole utterances (about 0.5 s) with one
+        decoder in it, and fills this process's pool for streams. At most two are kept
+        idle in each; each costs about 0.3 s and 90 MB.
         """
-        await trio.to_thread.run_sync(_pool.fill, decoders)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio_parallel.run_sync, _fill_pool, 1)
+            nursery.start_soon(trio.to_thread.run_sync, _pool.fill, decoders)
 
     async def transcribe(self, pcm: bytes, sample_rate_hz: int) -> Transcript:
         """Transcribe one whole utterance of 16-bit mono PCM at ``sample_rate_hz``.
@@ -221,7 +254,10 @@ class PocketsphinxSTT:
             raise ValueError(f"s16le PCM needs an even byte count, got {len(pcm)} bytes")
         if not pcm:
             return Transcript(text="", audio_seconds=0.0)
-        text = await trio.to_thread.run_sync(_decode_whole, pcm, sample_rate_hz)
+        try:
+            text = await trio_parallel.run_sync(_decode_whole, pcm, sample_rate_hz)
+        except trio_parallel.BrokenWorkerError as exc:
+            raise ProviderError("provider_failed", "pocketsphinx's worker died") from exc
         return Transcript(text=text, audio_seconds=seconds)
 
     def open_stream(self, sample_rate_hz: int) -> PocketsphinxStream:
@@ -252,6 +288,7 @@ class PocketsphinxStream:
         self._held_bytes = 0
         self._nbytes = 0
         self._last = ""
+        self._heard = False  # whether any audio so far was louder than silence
         self._busy = False
         self._closed = False
 
@@ -281,6 +318,8 @@ class PocketsphinxStream:
             self._decoder = None
 
     def _decode_sync(self, audio: bytes, *, final: bool) -> pocketsphinx.Decoder | None:
+        if not self._heard and audio and not _is_silent(audio):
+            self._heard = True
         if self._decoder is None:
             self._held.append(audio)
             self._held_bytes += len(audio)
@@ -293,12 +332,15 @@ class PocketsphinxStream:
             self._decoder = decoder
             _prime_cmn(decoder, audio)
             decoder.start_utt()
-        self._decoder.process_raw(audio)
+        # The decoder holds the GIL in each call: short slices let the event loop run
+        # between them. (It also refuses an empty buffer.)
+        for start in range(0, len(audio), _SLICE_BYTES):
+            self._decoder.process_raw(audio[start : start + _SLICE_BYTES])
         return self._decoder
 
     def _feed_sync(self, pcm: bytes) -> str | None:
         decoder = self._decode_sync(self._resampler.process(pcm), final=False)
-        text = _hypothesis(decoder) if decoder is not None else ""
+        text = _hypothesis(decoder) if decoder is not None and self._heard else ""
         if text and text != self._last:
             self._last = text
             return text
@@ -311,7 +353,7 @@ class PocketsphinxStream:
         decoder = self._decode_sync(tail, final=True)
         assert decoder is not None
         decoder.end_utt()
-        text = _hypothesis(decoder)
+        text = _hypothesis(decoder) if self._heard else ""
         self._decoder = None
         _pool.release(decoder)
         return text

@@ -1,3 +1,6 @@
+import os
+import sys
+
 import numpy as np
 import pytest
 import trio
@@ -201,3 +204,76 @@ def test_pocketsphinx_takes_only_english_and_known_rates() -> None:
     assert isinstance(caught.value, ValueError)
     with pytest.raises(ValueError, match="11025"):
         PocketsphinxSTT().open_stream(11_025)
+
+
+async def test_pocketsphinx_decodes_a_long_utterance_without_stalling_the_event_loop() -> None:
+    # The decoder holds the GIL while it decodes; in a thread, this decode stopped every
+    # other task of the runner for over a second.
+    stt = PocketsphinxSTT()
+    await stt.warm_up()
+    pcm = await speak(EspeakTTS(CLEAR_VOICE), " ".join([SENTENCE] * 3))
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = trio.current_time()
+        while True:
+            await trio.sleep(0.01)
+            now = trio.current_time()
+            gaps.append(now - last)
+            last = now
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        await trio.sleep(0.05)
+        heard = await stt.transcribe(pcm, 22_050)
+        nursery.cancel_scope.cancel()
+
+    assert len(overlap(heard.text)) >= 4, heard.text
+    assert len(gaps) > 20  # the decode took long enough to be a test
+    assert max(gaps) < 0.15
+
+
+async def test_pocketsphinx_streams_at_16000_hz() -> None:
+    stt = PocketsphinxSTT()
+    pcm = resample_s16le(
+        silence(0.2) + await speak(EspeakTTS(CLEAR_VOICE), SENTENCE) + silence(0.5),
+        22_050,
+        16_000,
+    )
+    async with stt.open_stream(16_000) as stream:
+        for frame in frames(pcm, 16_000, 20):
+            await stream.feed(frame)
+        final = await stream.finish()
+    assert len(overlap(final.text)) >= 4, final.text
+    assert final.audio_seconds == pytest.approx(pcm_seconds(len(pcm), 16_000), abs=0.02)
+
+
+@pytest.mark.parametrize("rate", [16_000, 22_050])
+async def test_pocketsphinx_hears_nothing_in_digital_silence(rate: int) -> None:
+    # Unchecked, the decoder hears a word in it ("it", "dog").
+    stt = PocketsphinxSTT()
+    quiet = silence(2.0, rate)
+    assert await stt.transcribe(quiet, rate) == Transcript(text="", audio_seconds=2.0)
+    async with stt.open_stream(rate) as stream:
+        partials = [await stream.feed(frame) for frame in frames(quiet, rate, 20)]
+        assert await stream.finish() == Transcript(text="", audio_seconds=2.0)
+    assert partials == [None] * len(partials)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="looks in /proc")
+async def test_pocketsphinx_worker_process_ends_with_the_runner() -> None:
+    script = (
+        "import os, trio, trio_parallel\n"
+        "from runner.providers.pocketsphinx import PocketsphinxSTT\n"
+        "async def main():\n"
+        "    heard = await PocketsphinxSTT().transcribe(bytes(32_000) + b'\\x10\\x27' * 8_000, 16_000)\n"
+        "    print(await trio_parallel.run_sync(os.getpid), os.getpid(), repr(heard.text))\n"
+        "trio.run(main)\n"
+    )
+    done = await trio.run_process(
+        [sys.executable, "-c", script], capture_stdout=True, capture_stderr=True
+    )
+    worker, runner, _ = done.stdout.decode().split(maxsplit=2)
+    assert worker != runner  # decoded in another process...
+    assert done.stderr == b""
+    assert not os.path.exists(f"/proc/{worker}")  # ...which is gone with the runner
