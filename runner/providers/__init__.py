@@ -1,7 +1,7 @@
 """Model providers: chat models (LLM), speech to text (STT) and text to speech (TTS).
 
 The shapes every provider speaks come from ``_types``; each service lives in its own module.
-``make_llm`` builds a chat model from configuration. The offline speech engines
+``make_llm``, ``make_stt`` and ``make_tts`` build providers from configuration. The offline speech engines
 (``EspeakTTS``, ``PocketsphinxSTT``) load native libraries, so they are imported on first use.
 """
 
@@ -21,6 +21,9 @@ from ._types import ToolSpec as ToolSpec
 from ._types import Transcript as Transcript
 from ._types import Usage as Usage
 from .anthropic import AnthropicLLM as AnthropicLLM
+from .azure import AzureSTT as AzureSTT
+from .kugelaudio import KugelAudioTTS as KugelAudioTTS
+from .kugelaudio import KugelAudioVoice as KugelAudioVoice
 from .local import LocalLLM as LocalLLM
 from .openai import OpenAILLM as OpenAILLM
 from .openai import OpenAISTT as OpenAISTT
@@ -32,6 +35,10 @@ if _typing.TYPE_CHECKING:
 
 #: The providers ``make_llm`` knows.
 LLM_PROVIDERS = ("openai", "anthropic", "openai-compatible", "local")
+#: The providers ``make_tts`` knows.
+TTS_PROVIDERS = ("espeak", "openai", "kugelaudio")
+#: The providers ``make_stt`` knows.
+STT_PROVIDERS = ("pocketsphinx", "openai", "azure")
 
 #: Names whose modules load native engines: imported on first use.
 _LAZY = {"EspeakTTS": ".espeak", "PocketsphinxSTT": ".pocketsphinx"}
@@ -94,4 +101,73 @@ def make_llm(
         return LocalLLM(model)
     raise ValueError(
         f"unknown LLM provider {provider!r}; expected one of {', '.join(LLM_PROVIDERS)}"
+    )
+
+
+def make_tts(provider: str, *, voice: str | int | None = None, model: str | None = None) -> TTS:
+    """Build the text-to-speech engine a configuration names.
+
+    Keys and regions come from the environment (``OPENAI_API_KEY``, ``KUGELAUDIO_API_KEY``);
+    a missing key surfaces as ``ProviderError("unauthorized")`` on the first call.
+
+    Args:
+        provider: ``"espeak"`` (offline), ``"openai"`` or ``"kugelaudio"``.
+        voice: The voice: an espeak voice name (default ``"en"``), an OpenAI voice name
+            (default ``"alloy"``), or a KugelAudio numeric voice id (required).
+        model: The speech model (ignored by espeak); the provider's default when ``None``.
+
+    Returns:
+        An object implementing ``TTS``.
+
+    Raises:
+        ProviderError: ``invalid_settings`` for a voice the provider cannot use.
+        ValueError: for a provider with no TTS here.
+    """
+    if provider == "espeak":
+        from .espeak import EspeakTTS
+
+        return EspeakTTS(voice)
+    if provider == "openai":
+        if voice is not None and not isinstance(voice, str):
+            raise ProviderError("invalid_settings", f"OpenAI voices are names, got {voice!r}")
+        return OpenAITTS(model or "gpt-4o-mini-tts", voice=voice or "alloy")
+    if provider == "kugelaudio":
+        if voice is None:
+            raise ProviderError(
+                "invalid_settings", "KugelAudio needs a numeric voice id (see list_voices)"
+            )
+        return KugelAudioTTS(voice, model=model)
+    raise ValueError(
+        f"unknown TTS provider {provider!r}; expected one of {', '.join(TTS_PROVIDERS)}"
+    )
+
+
+def make_stt(provider: str, *, language: str | None = None) -> STT:
+    """Build the speech-to-text engine a configuration names.
+
+    Args:
+        provider: ``"pocketsphinx"`` (offline, English only), ``"openai"`` or ``"azure"``
+            (region from ``AZURE_SPEECH_REGION``, key from ``AZURE_SPEECH_KEY``).
+        language: The language: ``"en"`` for pocketsphinx, an ISO-639-1 hint (or ``None``
+            to detect) for OpenAI, a locale such as ``"de-DE"`` for Azure (default
+            ``"en-US"``; a bare ``"de"`` means ``"de-DE"``).
+
+    Returns:
+        An object implementing ``STT``.
+
+    Raises:
+        ProviderError: ``invalid_settings`` for a language the engine cannot recognise, or
+            Azure without a region.
+        ValueError: for a provider with no STT here.
+    """
+    if provider == "pocketsphinx":
+        from .pocketsphinx import PocketsphinxSTT
+
+        return PocketsphinxSTT(language)
+    if provider == "openai":
+        return OpenAISTT(language=language.split("-")[0].lower() if language else None)
+    if provider == "azure":
+        return AzureSTT(language or "en-US")
+    raise ValueError(
+        f"unknown STT provider {provider!r}; expected one of {', '.join(STT_PROVIDERS)}"
     )

@@ -204,7 +204,14 @@ def test_public_names_are_exported_once() -> None:
     }
     assert public == {
         "AnthropicLLM",
+        "AzureSTT",
         "ChatMessage",
+        "KugelAudioTTS",
+        "KugelAudioVoice",
+        "STT_PROVIDERS",
+        "TTS_PROVIDERS",
+        "make_stt",
+        "make_tts",
         "EspeakTTS",
         "LLM",
         "LLMEvent",
