@@ -58,6 +58,18 @@ def summarize(values: Sequence[float], *, scale: float = 1.0) -> dict[str, float
     }
 
 
+SAMPLES_KEPT = 2_000  # latency samples per configuration kept in results files, for the plots
+
+
+def thin(values: Sequence[float], keep: int = SAMPLES_KEPT) -> list[float]:
+    """An evenly spaced subsample of the sorted ``values``: enough to draw their distribution."""
+    ordered = sorted(values)
+    if len(ordered) <= keep:
+        return ordered
+    step = (len(ordered) - 1) / (keep - 1)
+    return [ordered[round(i * step)] for i in range(keep)]
+
+
 def median(values: Iterable[float]) -> float:
     return statistics.median(list(values))
 

@@ -13,6 +13,9 @@ this process with the loopback transport and a small agent whose host handlers d
 2. Agent-to-host record latency: a follower reads ``GET /v1/runner/events`` over a raw
    socket; the time from sending the POST of an ``echo`` to the arrival of the ``host``
    record its handler sent (journaled, committed, then streamed), with 1 and 100 calls live.
+3. Both at a third level, the most calls (``--most-calls``; by default what ``bench.calls``
+   last held). Baselines: ``GET /health`` on the same runner and client for the round trip;
+   the echo's own POST-to-202 for the record latency.
 
 Client, follower and runner share one process (and its one Trio loop), so the client's own
 cost is inside every figure. Results go to ``bench/results/messages-<UTC>.json`` and
@@ -42,7 +45,7 @@ from runner.config import Config
 from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport
 
-from ._common import Budget, EventsReader, fmt, machine_info, print_table, say, summarize, write_results
+from ._common import RESULTS_DIR, Budget, EventsReader, fmt, machine_info, print_table, say, summarize, write_results
 
 TOKEN = "bench-messages-token"
 LIVE_CALLS = 100
@@ -234,9 +237,24 @@ async def echo_latency(host: Host, pongs: Pongs, calls: Sequence[str], first: in
     return {"calls_live": len(calls), "messages": len(to_record), "record_ms": _ms(to_record), "round_trip_ms": _ms(to_answer)}
 
 
-async def _run(profile: Profile, data_dir: Path) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    async with open_runner(data_dir, max_sessions=LIVE_CALLS + 10) as (address, host):
+async def health_round_trips(host: Host, count: int, seconds: float) -> dict[str, Any]:
+    """The baseline: ``GET /health`` one at a time on the same runner, same client."""
+    took: list[float] = []
+    budget = Budget(count, seconds)
+    for _ in range(budget.count):
+        if budget.expired():
+            break
+        began = time.perf_counter()
+        response = await host.client.get("/health")
+        took.append(time.perf_counter() - began)
+        if response.status_code != 200:
+            raise RuntimeError(f"GET /health: {response.status_code}")
+    return {"requests": len(took), "ms": _ms(took)}
+
+
+async def _run(profile: Profile, data_dir: Path, levels: Sequence[int]) -> dict[str, Any]:
+    results: dict[str, Any] = {"levels": []}
+    async with open_runner(data_dir, max_sessions=max(levels) + 10) as (address, host):
         reader = await EventsReader.connect(address, TOKEN)  # follows from now on
         if reader.status != 200:
             raise RuntimeError(f"events stream: {reader.status} {reader.error_body!r}")
@@ -244,61 +262,103 @@ async def _run(profile: Profile, data_dir: Path) -> dict[str, Any]:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pongs.serve)
             await host.start("call-0")
-            one = ["call-0"]
+            live = ["call-0"]
             for i in range(profile.warmup):  # imports, connections, the journal's first pages
                 await host.send("call-0", "ping", {"i": i})
-            say("1. host-message round trip, 1 call live")
-            results["one_call"] = await round_trips(host, one, profile.round_trips, profile.round_trip_seconds)
-            say("2. agent-to-host record latency, 1 call live")
-            results["echo_one_call"] = await echo_latency(host, pongs, one, 0, profile.echoes, profile.echo_seconds)
+            for n, level in enumerate(levels):
+                if level > len(live):
+                    say(f"   starting {level - len(live)} more calls")
+                    more = [f"call-{i}" for i in range(len(live), level)]
+                    limit = trio.CapacityLimiter(20)
 
-            say(f"   starting {LIVE_CALLS - 1} more calls")
-            many = [f"call-{i}" for i in range(LIVE_CALLS)]
-            async with trio.open_nursery() as starting:
-                for session_id in many[1:]:
-                    starting.start_soon(host.start, session_id)
-            for session_id in many:  # each call's first message, out of the figures
-                await host.send(session_id, "ping", {})
-            say(f"1. host-message round trip, {LIVE_CALLS} calls live")
-            results["many_calls"] = await round_trips(host, many, profile.round_trips, profile.round_trip_seconds)
-            results["many_calls_concurrent"] = await concurrent_round_trips(
-                host, many, CONCURRENT_CLIENTS, profile.round_trips, profile.round_trip_seconds
-            )
-            say(f"2. agent-to-host record latency, {LIVE_CALLS} calls live")
-            results["echo_many_calls"] = await echo_latency(host, pongs, many, 1_000_000, profile.echoes, profile.echo_seconds)
+                    async def start_one(session_id: str) -> None:
+                        async with limit:
+                            await host.start(session_id)
+
+                    async def first_message(session_id: str) -> None:
+                        async with limit:
+                            await host.send(session_id, "ping", {})
+
+                    with trio.fail_after(60 + level / 20):  # bounded even when the runner slows down
+                        async with trio.open_nursery() as starting:
+                            for session_id in more:
+                                starting.start_soon(start_one, session_id)
+                        async with trio.open_nursery() as warming:  # each call's first message, out of the figures
+                            for session_id in more:
+                                warming.start_soon(first_message, session_id)
+                    live += more
+                calls = live[:level]
+                say(f"1. host-message round trip, {level} calls live")
+                row = {"calls_live": level}
+                row["health"] = await health_round_trips(host, profile.round_trips, profile.round_trip_seconds)
+                row["sequential"] = await round_trips(host, calls, profile.round_trips, profile.round_trip_seconds)
+                row["concurrent"] = await concurrent_round_trips(
+                    host, calls, CONCURRENT_CLIENTS, profile.round_trips, profile.round_trip_seconds
+                )
+                say(f"2. agent-to-host record latency, {level} calls live")
+                row["echo"] = await echo_latency(host, pongs, calls, n * 1_000_000, profile.echoes, profile.echo_seconds)
+                results["levels"].append(row)
             nursery.cancel_scope.cancel()
         await reader.aclose()
+    # The names earlier readers of the results file know.
+    by_level = {row["calls_live"]: row for row in results["levels"]}
+    if 1 in by_level:
+        results["one_call"] = by_level[1]["sequential"]
+        results["echo_one_call"] = by_level[1]["echo"]
+    if LIVE_CALLS in by_level:
+        results["many_calls"] = by_level[LIVE_CALLS]["sequential"]
+        results["many_calls_concurrent"] = by_level[LIVE_CALLS]["concurrent"]
+        results["echo_many_calls"] = by_level[LIVE_CALLS]["echo"]
     return results
 
 
 def _table(got: dict[str, Any]) -> list[list[str]]:
     rows = []
-    for key in ("one_call", "many_calls", "many_calls_concurrent"):
-        row = got[key]
-        ms = row["round_trip_ms"]
-        rows.append([
-            f"POST message to 202, {row['calls_live']} call{'s' if row['calls_live'] > 1 else ''} live,"
-            f" {row['clients']} client{'s' if row['clients'] > 1 else ''}, ms",
-            f"p50 {fmt(ms['p50'])}  p99 {fmt(ms['p99'])}",
-            f"{fmt(row['per_s'])} messages/s ({row['messages']})",
-        ])
-    for key in ("echo_one_call", "echo_many_calls"):
-        row = got[key]
+    for level in got["levels"]:
+        n = level["calls_live"]
+        health = level["health"]["ms"]
+        for key in ("sequential", "concurrent"):
+            row = level[key]
+            ms = row["round_trip_ms"]
+            rows.append([
+                f"POST message to 202, {n} call{'s' if n > 1 else ''} live,"
+                f" {row['clients']} client{'s' if row['clients'] > 1 else ''}, ms",
+                f"p50 {fmt(ms['p50'])}  p99 {fmt(ms['p99'])}",
+                f"{fmt(row['per_s'])} messages/s ({row['messages']})",
+                f"{fmt(ms['p50'] / health['p50'])}x GET /health p50 ({fmt(health['p50'])} ms, 1 client)"
+                if key == "sequential" else "",
+            ])
+        row = level["echo"]
         ms = row["record_ms"]
         rows.append([
-            f"POST to host record on the stream, {row['calls_live']} call{'s' if row['calls_live'] > 1 else ''} live, ms",
+            f"POST to host record on the stream, {n} call{'s' if n > 1 else ''} live, ms",
             f"p50 {fmt(ms['p50'])}  p99 {fmt(ms['p99'])}",
-            f"({row['messages']}; POST to 202 p50 {fmt(row['round_trip_ms']['p50'])} ms)",
+            f"({row['messages']} messages)",
+            f"{fmt(ms['p50'] / row['round_trip_ms']['p50'])}x its POST to 202 p50 ({fmt(row['round_trip_ms']['p50'])} ms)",
         ])
     return rows
+
+
+def _most_calls_default() -> int:
+    """The most calls ``bench.calls`` last held, or 1000."""
+    try:
+        return int(json.loads((RESULTS_DIR / "calls-latest.json").read_text())["held"]["held_max"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1000
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.messages", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short profile (well under a minute)")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the journal goes")
+    parser.add_argument(
+        "--most-calls", type=int, default=None,
+        help="the third level of live calls (default: the most calls bench.calls last held, or 1000)",
+    )
     args = parser.parse_args(argv)
     profile = QUICK if args.quick else FULL
+    most = args.most_calls or _most_calls_default()
+    levels = sorted({1, LIVE_CALLS, max(1, most)})
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.messages" + (" --quick" if args.quick else "")
@@ -306,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"{command}: {machine['cores']} cores, Python {machine['python']}, data on {machine['data_filesystem']}")
     began = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # the runner's lifecycle lines
-        got = trio.run(_run, profile, data_dir)
+        got = trio.run(_run, profile, data_dir, levels)
     elapsed = time.perf_counter() - began
     rows = _table(got)
     results = {
@@ -316,16 +376,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "finished_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": elapsed,
         "machine": machine,
-        "parameters": {**attrs.asdict(profile), "live_calls": LIVE_CALLS, "concurrent_clients": CONCURRENT_CLIENTS},
+        "parameters": {**attrs.asdict(profile), "levels": levels, "concurrent_clients": CONCURRENT_CLIENTS},
         "notes": "in-process runner, loopback transport, one Trio loop shared by runner, HTTP client and stream follower",
         **got,
-        "table": [dict(zip(("figure", "value", "rate"), row, strict=True)) for row in rows],
+        "table": [dict(zip(("figure", "value", "rate", "baseline"), row, strict=True)) for row in rows],
     }
     path = write_results("messages", results)
     print()
     print(f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']},"
           f" data on {machine['data_filesystem']})")
-    print_table(("figure", "value", "rate"), rows)
+    print_table(("figure", "value", "rate", "baseline"), rows)
     print(f"results: {path}")
     return 0
 

@@ -12,7 +12,13 @@ from ._journal import now_ms as now_ms
 from ._journal import open_journal as open_journal
 from ._store import AgentStore as AgentStore
 from ._store import ConversationRow as ConversationRow
+from ._store import KnowledgeHit as KnowledgeHit
+from ._store import RelationNote as RelationNote
+from ._store import RelationRow as RelationRow
+from ._store import Spent as Spent
 from ._store import StoredMessage as StoredMessage
 from ._store import StoredToolCall as StoredToolCall
+from ._store import SummaryRow as SummaryRow
 from ._store import TokenRow as TokenRow
+from ._store import UsageRow as UsageRow
 from ._store import open_agent_store as open_agent_store

@@ -466,10 +466,11 @@ class Journal:
         Raises:
             CursorTooOld: The record right after ``after`` was pruned (``after`` > 0).
         """
+        await trio.lowlevel.checkpoint()
+        # No checkpoint between finding the start and slicing: a commit may evict old lines.
         recent = self._recent
         if recent and recent[0][0] <= after + 1:
             start = after + 1 - recent[0][0]
-            await trio.lowlevel.checkpoint()
             return list(itertools.islice(recent, start, start + limit))
         rows: list[tuple[int, str]] = await self._run_read(_read_lines, after, limit)
         if rows and after > 0 and rows[0][0] != after + 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -107,6 +108,69 @@ class StoredMessage:
             position=position,
             created_at=created_at,
         )
+
+
+@attrs.frozen(kw_only=True)
+class KnowledgeHit:
+    """A knowledge entry a search found; ``score`` is higher for a better match (0 to 1)."""
+
+    entry_id: str
+    title: str
+    text: str
+    score: float
+
+
+@attrs.frozen(kw_only=True)
+class SummaryRow:
+    """The newest summary of a conversation: it covers the messages up to ``after_position``."""
+
+    after_position: int
+    summary: str
+    trigger: str
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> SummaryRow:
+        after_position, summary, trigger = row
+        return cls(after_position=after_position, summary=summary, trigger=trigger)
+
+
+@attrs.frozen(kw_only=True)
+class RelationNote:
+    note: str
+    recorded_at: int
+
+
+@attrs.frozen(kw_only=True)
+class RelationRow:
+    """The standing relationship of an agent with a person."""
+
+    agent_id: str
+    end_user_id: str
+    conversations: int
+    first_at: int
+    last_at: int
+    notes: tuple[RelationNote, ...]
+
+
+@attrs.frozen(kw_only=True)
+class UsageRow:
+    """What one turn used of one kind: ``model`` (tokens), ``transcription`` or ``speech`` (seconds)."""
+
+    kind: str
+    model: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+    credits: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class Spent:
+    """After a charge: what the token and the whole runner have spent, in credits."""
+
+    token_spent: float
+    token_limit: float | None
+    runner_spent: float
 
 
 # -- SQL: small sync functions that take a connection ---------------------------------------
@@ -226,6 +290,158 @@ def _load_messages(conn: sqlite3.Connection, conversation_id: str) -> list[Store
     return [StoredMessage.from_row(row) for row in rows]
 
 
+# -- Knowledge, summaries, relations, usage (migration 0003) ----------------------------------
+
+_FTS_WORD = re.compile(r"[A-Za-z0-9]+")
+_STOP_WORDS = frozenset(
+    "about after all also and any are but can could did does for from get had has have her here him his how its"
+    " just let like more most not now our out over please say she should some tell than that the their them then"
+    " there these they this those too very want was were what when where which who whom why will with would you your".split()
+)
+
+
+def _insert_knowledge(conn: sqlite3.Connection, agent_id: str, entries: Sequence[tuple[str, str, str]], at: int) -> int:
+    for entry_id, title, text in entries:
+        old = conn.execute("SELECT rowid, title, text FROM agent_knowledge WHERE entry_id = ?", (entry_id,)).fetchone()
+        if old is not None:
+            conn.execute(
+                "INSERT INTO agent_knowledge_fts (agent_knowledge_fts, rowid, title, text) VALUES ('delete', ?, ?, ?)", old
+            )
+            conn.execute("DELETE FROM agent_knowledge WHERE rowid = ?", (old[0],))
+        cursor = conn.execute(
+            "INSERT INTO agent_knowledge (entry_id, agent_id, title, text, created_at) VALUES (?, ?, ?, ?, ?)",
+            (entry_id, agent_id, title, text, at),
+        )
+        conn.execute(
+            "INSERT INTO agent_knowledge_fts (rowid, title, text) VALUES (?, ?, ?)", (cursor.lastrowid, title, text)
+        )
+    return len(entries)
+
+
+def _search_knowledge(conn: sqlite3.Connection, agent_id: str, query: str, limit: int) -> list[KnowledgeHit]:
+    words = list(dict.fromkeys(w for w in _FTS_WORD.findall(query.lower()) if len(w) > 2 and w not in _STOP_WORDS))
+    if not words:
+        return []
+    match = " OR ".join(f'"{w}"' for w in words)
+    rows = conn.execute(
+        "SELECT k.entry_id, k.title, k.text, highlight(agent_knowledge_fts, 0, '[', ']')"
+        " || ' ' || highlight(agent_knowledge_fts, 1, '[', ']')"
+        " FROM agent_knowledge_fts JOIN agent_knowledge AS k ON k.rowid = agent_knowledge_fts.rowid"
+        " WHERE agent_knowledge_fts MATCH ? AND k.agent_id = ?"
+        " ORDER BY bm25(agent_knowledge_fts, 2.0, 1.0), k.entry_id LIMIT ?",
+        (match, agent_id, limit),
+    ).fetchall()
+    hits = []
+    for entry_id, title, text, marked in rows:
+        # The score is the share of the query's words the entry holds (after stemming).
+        found = {m.lower() for m in re.findall(r"\[([^\]]+)\]", marked)}
+        matched = sum(1 for w in words if any(f.startswith(w[:4]) or w.startswith(f[:4]) for f in found))
+        hits.append(KnowledgeHit(entry_id=entry_id, title=title, text=text, score=round(min(1.0, matched / len(words)), 3)))
+    return hits
+
+
+def _latest_summary(conn: sqlite3.Connection, conversation_id: str) -> SummaryRow | None:
+    row = conn.execute(
+        "SELECT after_position, summary, trigger FROM agent_summaries WHERE conversation_id = ?"
+        " ORDER BY after_position DESC LIMIT 1",
+        (conversation_id,),
+    ).fetchone()
+    return SummaryRow.from_row(row) if row else None
+
+
+def _insert_summary(
+    conn: sqlite3.Connection, conversation_id: str, after_position: int, summary: str, trigger: str, at: int
+) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO agent_summaries (conversation_id, after_position, summary, trigger, created_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (conversation_id, after_position, summary, trigger, at),
+    )
+
+
+def _relation(conn: sqlite3.Connection, agent_id: str, end_user_id: str) -> RelationRow | None:
+    count, first, last = conn.execute(
+        "SELECT count(*), min(created_at), max(created_at) FROM agent_conversations WHERE agent_id = ? AND end_user_id = ?",
+        (agent_id, end_user_id),
+    ).fetchone()
+    if not count:
+        return None
+    notes = conn.execute(
+        "SELECT note, recorded_at FROM agent_relation_notes WHERE agent_id = ? AND end_user_id = ? ORDER BY recorded_at, rowid",
+        (agent_id, end_user_id),
+    ).fetchall()
+    return RelationRow(
+        agent_id=agent_id,
+        end_user_id=end_user_id,
+        conversations=count,
+        first_at=first,
+        last_at=last,
+        notes=tuple(RelationNote(note=n, recorded_at=at) for n, at in notes),
+    )
+
+
+def _relations(conn: sqlite3.Connection, agent_id: str) -> list[RelationRow]:
+    people = [
+        r[0]
+        for r in conn.execute(
+            "SELECT DISTINCT end_user_id FROM agent_conversations WHERE agent_id = ? ORDER BY end_user_id", (agent_id,)
+        )
+    ]
+    return [row for person in people if (row := _relation(conn, agent_id, person)) is not None]
+
+
+def _insert_relation_note(
+    conn: sqlite3.Connection, agent_id: str, end_user_id: str, note: str, turn_id: str | None, at: int
+) -> RelationRow | None:
+    conn.execute(
+        "INSERT INTO agent_relation_notes (agent_id, end_user_id, note, turn_id, recorded_at) VALUES (?, ?, ?, ?, ?)",
+        (agent_id, end_user_id, note, turn_id, at),
+    )
+    return _relation(conn, agent_id, end_user_id)
+
+
+def _charge(
+    conn: sqlite3.Connection,
+    conversation_id: str,
+    turn_id: str,
+    token_id: str,
+    end_user_id: str,
+    rows: Sequence[UsageRow],
+    at: int,
+) -> Spent:
+    conn.executemany(
+        "INSERT INTO agent_usage (conversation_id, turn_id, token_id, end_user_id, kind, model, input_tokens,"
+        " output_tokens, seconds, credits, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (conversation_id, turn_id, token_id, end_user_id, r.kind, r.model, r.input_tokens, r.output_tokens, r.seconds, r.credits, at)
+            for r in rows
+        ],
+    )
+    conn.execute(
+        "UPDATE agent_tokens SET credit_spent = credit_spent + ? WHERE token_id = ?",
+        (sum(r.credits for r in rows), token_id),
+    )
+    spent, limit = conn.execute(
+        "SELECT credit_spent, credit_limit FROM agent_tokens WHERE token_id = ?", (token_id,)
+    ).fetchone() or (0.0, None)
+    return Spent(token_spent=spent, token_limit=limit, runner_spent=_runner_spent(conn))
+
+
+def _runner_spent(conn: sqlite3.Connection) -> float:
+    return float(conn.execute("SELECT coalesce(sum(credits), 0) FROM agent_usage").fetchone()[0])
+
+
+def _usage_of(conn: sqlite3.Connection, conversation_id: str) -> list[UsageRow]:
+    rows = conn.execute(
+        "SELECT kind, model, input_tokens, output_tokens, seconds, credits FROM agent_usage"
+        " WHERE conversation_id = ? ORDER BY usage_id",
+        (conversation_id,),
+    )
+    return [
+        UsageRow(kind=k, model=m, input_tokens=i, output_tokens=o, seconds=s, credits=c) for k, m, i, o, s, c in rows
+    ]
+
+
 class AgentStore:
     """The agent WebSocket's rows. Open it with :func:`open_agent_store`."""
 
@@ -289,6 +505,49 @@ class AgentStore:
     async def load_messages(self, conversation_id: str) -> list[StoredMessage]:
         """Every message of a conversation, oldest first."""
         return await self._read(_load_messages, conversation_id)
+
+
+    # -- Knowledge, summaries, relations, usage ------------------------------------------------
+
+    async def load_knowledge(self, agent_id: str, entries: Sequence[tuple[str, str, str]]) -> int:
+        """Add ``(entry_id, title, text)`` entries to an agent's knowledge; an entry_id again replaces it."""
+        return await self._write(_insert_knowledge, agent_id, list(entries), now_ms())
+
+    async def search_knowledge(self, agent_id: str, query: str, *, limit: int = 3) -> list[KnowledgeHit]:
+        """The agent's entries sharing words with ``query``, best first (SQLite FTS5, bm25)."""
+        return await self._read(_search_knowledge, agent_id, query, limit)
+
+    async def latest_summary(self, conversation_id: str) -> SummaryRow | None:
+        return await self._read(_latest_summary, conversation_id)
+
+    async def add_summary(self, conversation_id: str, *, after_position: int, summary: str, trigger: str) -> None:
+        """Keep a summary of the conversation's messages up to ``after_position``."""
+        await self._write(_insert_summary, conversation_id, after_position, summary, trigger, now_ms())
+
+    async def relation(self, agent_id: str, end_user_id: str) -> RelationRow | None:
+        """The agent's standing relationship with a person; None if they never had a conversation."""
+        return await self._read(_relation, agent_id, end_user_id)
+
+    async def relations(self, agent_id: str) -> list[RelationRow]:
+        return await self._read(_relations, agent_id)
+
+    async def record_relation(self, agent_id: str, end_user_id: str, note: str, *, turn_id: str | None) -> RelationRow | None:
+        """Add what the agent recorded about a person; return the relationship as it now stands."""
+        return await self._write(_insert_relation_note, agent_id, end_user_id, note, turn_id, now_ms())
+
+    async def charge(
+        self, *, conversation_id: str, turn_id: str, token_id: str, end_user_id: str, rows: Sequence[UsageRow]
+    ) -> Spent:
+        """Keep a turn's usage rows and add their credits to the token's spending, in one transaction."""
+        return await self._write(_charge, conversation_id, turn_id, token_id, end_user_id, list(rows), now_ms())
+
+    async def runner_spent(self) -> float:
+        """Credits every token of this runner has spent."""
+        return await self._read(_runner_spent)
+
+    async def usage_of(self, conversation_id: str) -> list[UsageRow]:
+        """A conversation's usage rows, oldest first."""
+        return await self._read(_usage_of, conversation_id)
 
 
 @asynccontextmanager

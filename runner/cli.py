@@ -33,6 +33,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help=f"public listener HOST:PORT for the agent WebSocket (default {DEFAULT_PUBLIC_ADDRESS}; port 0 picks one)",
     )
     parser.add_argument("--agent-idle-seconds", type=int, help="an agent socket idle this long is closed (default 300)")
+    parser.add_argument("--credit-pool", type=float, help="the runner's own credits for agent sockets (default: no pool)")
+    parser.add_argument("--agent-token-turns-per-minute", type=int, help="turns one token may take a minute (default: no limit)")
+    parser.add_argument("--agent-token-connections", type=int, help="open sockets one token may hold (default: no limit)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     console.add_argument("--text", action="store_true", help="text only: print replies, speak nothing")
     console.add_argument("--wav", default="console.wav", help="where spoken replies go without --text")
 
+    knowledge = sub.add_parser("knowledge", help="an agent's knowledge entries, for the agent WebSocket")
+    knowledge_sub = knowledge.add_subparsers(dest="knowledge_command", required=True)
+    load = knowledge_sub.add_parser("load", help="add entries from a JSON Lines file: {title, text, entry_id?} a line")
+    load.add_argument("agent", help="the agent: a module or module:attr")
+    load.add_argument("file", help="the JSON Lines file")
+    load.add_argument("--journal", default="runner-journal.db", help="the runner's journal file (default ./runner-journal.db)")
+
     replay = sub.add_parser("replay", help="print a journal's records, live or after the fact")
     replay.add_argument("--from", dest="from_", type=int, default=0, help="exclusive cursor (default 0: all retained)")
     replay.add_argument("--journal", default="runner-journal.db")
@@ -79,6 +89,9 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
         drain_grace_ms=args.drain_grace_ms,
         public_address=args.public_address,
         agent_idle_seconds=args.agent_idle_seconds,
+        credit_pool=args.credit_pool,
+        agent_token_turns_per_minute=args.agent_token_turns_per_minute,
+        agent_token_connections=args.agent_token_connections,
         max_sessions=getattr(args, "max_sessions", None),
         deployment_id=getattr(args, "deployment_id", None),
         configuration_version=getattr(args, "configuration_version", None),
@@ -125,11 +138,52 @@ def _serve(args: argparse.Namespace) -> int:
             agent_socket=None
             if mode == "direct-join"
             else AgentSocketSetup(
-                agent=agent, api_key=os.environ.get(API_KEY_ENV) or None, idle_seconds=config.agent_idle_seconds
+                agent=agent,
+                api_key=os.environ.get(API_KEY_ENV) or None,
+                idle_seconds=config.agent_idle_seconds,
+                credit_pool=config.credit_pool,
+                token_turns_per_minute=config.agent_token_turns_per_minute,
+                token_connections=config.agent_token_connections,
             ),
         )
     )
     return outcome.exit_code
+
+
+def _load_knowledge(args: argparse.Namespace) -> int:
+    """``runner knowledge load AGENT FILE.jsonl``: add (or replace, by entry_id) the agent's entries."""
+    import hashlib
+    import json
+
+    from journal import open_agent_store
+
+    from .transports.websocket import agent_id_of
+
+    agent = load_agent(args.agent)
+    entries: list[tuple[str, str, str]] = []
+    try:
+        with open(args.file, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                entry = json.loads(line)
+                if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) and entry[k].strip() for k in ("title", "text")):
+                    raise ValueError(f"line {number}: an entry needs a non-empty title and text")
+                entry_id = entry.get("entry_id") or "kn_" + hashlib.sha256(entry["title"].encode()).hexdigest()[:16]
+                if not isinstance(entry_id, str):
+                    raise ValueError(f"line {number}: entry_id must be a string")
+                entries.append((entry_id, entry["title"].strip(), entry["text"].strip()))
+    except (OSError, ValueError) as exc:
+        print(f"runner: {exc}", file=sys.stderr)
+        return 2
+
+    async def load() -> int:
+        async with open_agent_store(args.journal) as store:
+            return await store.load_knowledge(agent_id_of(agent), entries)
+
+    count = trio.run(load)
+    print(f"loaded {count} knowledge entries for {agent.name}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return replay(
             args.journal, after=args.from_, producer=args.producer, cls=args.cls, follow=args.follow, as_json=args.json
         )
+    if args.command == "knowledge":
+        return _load_knowledge(args)
     if args.command == "console":
         from pathlib import Path
 

@@ -39,6 +39,9 @@ class Config:
     token_file: Path | None = None
     drain_grace_ms: int = 60_000
     agent_idle_seconds: int = 300
+    credit_pool: float | None = None
+    agent_token_turns_per_minute: int | None = None
+    agent_token_connections: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
@@ -54,14 +57,27 @@ class Config:
             "configuration_version": "CURB_CONFIGURATION_VERSION",
             "heartbeat_ms": "CURB_HEARTBEAT_MS",
             "agent_idle_seconds": "CURB_AGENT_IDLE_SECONDS",
+            "credit_pool": "CURB_CREDIT_POOL",
+            "agent_token_turns_per_minute": "CURB_AGENT_TOKEN_TURNS_PER_MINUTE",
+            "agent_token_connections": "CURB_AGENT_TOKEN_CONNECTIONS",
         }
         for field, name in env.items():
             if environ.get(name):
                 values[field] = environ[name]
         values.update({k: v for k, v in overrides.items() if v is not None})
-        for field in ("retention_records", "max_sessions", "configuration_version", "heartbeat_ms", "agent_idle_seconds"):
+        for field in (
+            "retention_records",
+            "max_sessions",
+            "configuration_version",
+            "heartbeat_ms",
+            "agent_idle_seconds",
+            "agent_token_turns_per_minute",
+            "agent_token_connections",
+        ):
             if field in values:
                 values[field] = int(str(values[field]))
+        if "credit_pool" in values:
+            values["credit_pool"] = float(str(values["credit_pool"]))
         if "journal_path" in values:
             values["journal_path"] = Path(str(values["journal_path"]))
         config = cls(**values)  # type: ignore[arg-type]
@@ -71,6 +87,11 @@ class Config:
             raise ValueError("retention and max sessions must be at least 1")
         if config.agent_idle_seconds < 1:
             raise ValueError("agent idle seconds must be at least 1")
+        if config.credit_pool is not None and config.credit_pool < 0:
+            raise ValueError("the credit pool must not be negative")
+        for limit in (config.agent_token_turns_per_minute, config.agent_token_connections):
+            if limit is not None and limit < 1:
+                raise ValueError("per-token limits must be at least 1")
         if config.configuration_version is not None and config.configuration_version < 1:
             raise ValueError("configuration version must be a positive integer")
         return config

@@ -165,6 +165,24 @@ class AudioFormat:
 
 
 @attrs.frozen(kw_only=True)
+class RelationNoteBody:
+    note: str
+    recorded_at: str
+
+
+@attrs.frozen(kw_only=True)
+class RelationBody:
+    """The standing relationship of the agent with a person (``ready.relation``, ``GET /v1/agent/relations``)."""
+
+    agent_id: str
+    end_user_id: str
+    conversations: int
+    first_at: str
+    last_at: str
+    notes: list[RelationNoteBody]
+
+
+@attrs.frozen(kw_only=True)
 class Ready:
     TYPE: ClassVar[str] = "ready"
     protocol: str = PROTOCOL
@@ -175,7 +193,7 @@ class Ready:
     audio: AudioFormat
     hearing: AudioFormat
     emotion: bool
-    relation: dict[str, Any] | None
+    relation: RelationBody | None
     greeting: bool
     idle_seconds: int
     edge_version: str
@@ -404,6 +422,20 @@ class Interrupted:
 
 
 @attrs.frozen(kw_only=True)
+class Relation:
+    """The relationship moved on this turn: its new fields, just after ``turn.done``."""
+
+    TYPE: ClassVar[str] = "relation"
+    turn: str
+    agent_id: str
+    end_user_id: str
+    conversations: int
+    first_at: str
+    last_at: str
+    notes: list[RelationNoteBody]
+
+
+@attrs.frozen(kw_only=True)
 class Compacted:
     TYPE: ClassVar[str] = "compacted"
     session_id: str
@@ -463,7 +495,8 @@ Event = (
     | Error
 )
 EVENTS: dict[str, type[Any]] = {cls.TYPE: cls for cls in typing.get_args(Event)}
-# ``relation`` carries the relationship's own fields (issue 9); ``pong`` has no seq.
+# ``relation`` (:class:`Relation`) is sent but kept out of ``EVENTS``: its schema requires only
+# ``turn`` (the page names the rest "the relationship's new fields"); ``pong`` has no seq.
 PONG = '{"type":"pong"}'
 
 # -- REST bodies of the public listener ------------------------------------------------------
@@ -516,6 +549,20 @@ class AgentSessionMessages:
 class Revoked:
     token_id: str
     revoked: bool
+
+
+@attrs.frozen(kw_only=True)
+class Relations:
+    relations: list[RelationBody]
+
+
+@attrs.frozen(kw_only=True)
+class CompactionDone:
+    """``POST /v1/agent/sessions/{id}/compact``: ``after_seq`` is ``None`` when nothing was folded in."""
+
+    session_id: str
+    compacted: bool
+    after_seq: int | None
 
 
 @attrs.frozen(kw_only=True)

@@ -162,3 +162,32 @@ async def test_a_body_that_is_not_json_fails_only_its_own_append(tmp_path: Path)
             with pytest.raises(TypeError):
                 await journal.append("p", "c", {"bad": {1, 2}})
         assert sorted(good) == [1, 2, 3, 4, 5]
+
+
+async def test_followers_miss_nothing_while_old_lines_are_evicted(tmp_path: Path) -> None:
+    # More records than the in-memory window holds, written while followers read: every
+    # line must reach every follower once, in order, whatever the commits evict meanwhile.
+    total = 9_000
+    async with open_journal(tmp_path / "j.db", retention_records=100_000) as journal:
+        seen: list[list[int]] = [[] for _ in range(8)]
+
+        async def follow(into: list[int]) -> None:
+            cursor = 0
+            while cursor < total:
+                await journal.wait_past(cursor)
+                rows = await journal.read_lines(cursor, 7)
+                into.extend(envelope for envelope, _ in rows)
+                cursor = rows[-1][0]
+
+        async def write(n: int) -> None:
+            for _ in range(n):
+                await journal.append("p", "c", {})
+
+        async with trio.open_nursery() as nursery:
+            for into in seen:
+                nursery.start_soon(follow, into)
+            async with trio.open_nursery() as writers:
+                for _ in range(30):
+                    writers.start_soon(write, total // 30)
+    for into in seen:
+        assert into == list(range(1, total + 1))

@@ -327,6 +327,17 @@ class Agent(_Parts):
         state: Makes each call's mutable state, read and changed as ``ctx.state``.
         skills: Skills to mount while their ``when`` holds.
         max_tool_rounds: Model calls per turn that may end in tool calls.
+        knowledge: How the agent uses its knowledge entries on the agent WebSocket:
+            ``"first"`` searches them with the person's words before each reply,
+            ``"tool"`` offers the model the platform's ``search_knowledge`` tool, ``None``
+            uses none.
+        moods: Report a mood with every reply (``mood`` on the agent WebSocket).
+        relations: Keep a standing relationship with each person (``ready.relation``) and
+            offer the model the platform's ``record_relationship`` tool.
+        thinking_summaries: ``"auto"``: send the model's thinking summaries to a client that
+            asks for them (``thoughts: true``); ``"off"``: never.
+        compact_after_words: Compact a conversation into a summary once the words of its
+            messages since the last summary pass this budget; ``None``: never.
     """
 
     def __init__(
@@ -344,10 +355,26 @@ class Agent(_Parts):
         state: Callable[[], Any] | None = None,
         skills: Sequence[Skill] = (),
         max_tool_rounds: int = 4,
+        knowledge: Literal["first", "tool"] | None = None,
+        moods: bool = False,
+        relations: bool = False,
+        thinking_summaries: Literal["auto", "off"] = "off",
+        compact_after_words: int | None = None,
     ) -> None:
         super().__init__(instructions)
         if not name:
             raise AuthoringError("an agent needs a name")
+        if knowledge not in (None, "first", "tool"):
+            raise AuthoringError("knowledge must be 'first', 'tool' or None")
+        if thinking_summaries not in ("auto", "off"):
+            raise AuthoringError("thinking_summaries must be 'auto' or 'off'")
+        if compact_after_words is not None and compact_after_words < 1:
+            raise AuthoringError("compact_after_words must be at least 1")
+        self.knowledge = knowledge
+        self.moods = moods
+        self.relations = relations
+        self.thinking_summaries = thinking_summaries
+        self.compact_after_words = compact_after_words
         self.name = name
         self.llm = llm or LLM(provider="local", model="local")
         self.tts = tts

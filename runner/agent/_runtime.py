@@ -19,7 +19,7 @@ import trio
 
 from ..calls import CallContext, CallRecord, keep_json
 from ..errors import HandlerFailed, InvalidPayload, InvalidRequest, NoHandler, NotAdjustable, RunnerError
-from ..providers import ChatMessage, ToolCall, make_llm
+from ..providers import ChatMessage, ToolCall, ToolSpec, make_llm, make_stt, make_tts
 from ..transports import AudioFrame, ClientRefusal, ParticipantJoined, ParticipantLeft, TransportEvent, TransportSession, UserText
 from ..voice.engine import (
     AudioData,
@@ -54,6 +54,14 @@ AppToolHandler = Callable[[str, AppTool, ToolCall], Awaitable[ToolOutcome]]
 
 class TurnBusy(Exception):
     """A turn was asked for with ``exclusive=True`` while another one is running."""
+
+
+@attrs.frozen(kw_only=True)
+class PlatformTool:
+    """A tool of the platform itself (not the agent's, not the app's): ``run(turn_id, call)``."""
+
+    spec: ToolSpec
+    run: Callable[[str, ToolCall], Awaitable[ToolOutcome]]
 
 
 class ConfirmationNotWaiting(LookupError):
@@ -126,28 +134,12 @@ class _Unbuildable:
 
 def build_tts(spec: TTS) -> Any:
     """A speech provider for a voice choice."""
-    if spec.provider == "espeak":
-        from ..providers import EspeakTTS
-
-        return EspeakTTS(str(spec.voice) if spec.voice is not None else None)
-    if spec.provider == "openai":
-        from ..providers import OpenAITTS
-
-        return OpenAITTS(spec.model or "gpt-4o-mini-tts", voice=str(spec.voice or "alloy"))
-    raise ValueError(f"no speech provider {spec.provider!r} on this runner")
+    return make_tts(spec.provider, voice=spec.voice, model=spec.model)
 
 
 def build_stt(spec: STT) -> Any:
     """A recognizer for a recognition choice."""
-    if spec.provider == "pocketsphinx":
-        from ..providers import PocketsphinxSTT
-
-        return PocketsphinxSTT(spec.language)
-    if spec.provider == "openai":
-        from ..providers import OpenAISTT
-
-        return OpenAISTT(language=spec.language)
-    raise ValueError(f"no recognizer {spec.provider!r} on this runner")
+    return make_stt(spec.provider, language=spec.language)
 
 
 async def warm_up(agent: Agent) -> None:
@@ -224,6 +216,12 @@ class AgentRuntime:
         self._pending: dict[str, PendingConfirmation] = {}
         self._confirmed: set[str] = set()
         self._turn_app_tools: tuple[AppTool, ...] = ()
+        # The platform's own tools (knowledge search, relationship notes), set by a transport
+        # that provides them: offered beside the agent's tools, run by the transport.
+        self.platform_tools: dict[str, PlatformTool] = {}
+        # More instructions from the transport (a conversation's summary, knowledge found):
+        # each is asked again for every model call; ``None`` or "" adds nothing.
+        self.instruction_extras: list[Callable[[], str | None]] = []
 
     # -- What the agent offers, with live settings on top -----------------------------------
 
@@ -352,13 +350,24 @@ class AgentRuntime:
         return TurnPlan(
             llm=self._providers.llm(llm),
             tts=None if speech is False else self._providers.tts(tts),
-            instructions=lambda: self.offer().instructions,
-            tools=lambda: [t.spec() for t in (*self.offer().tools, *self._turn_app_tools)],
+            instructions=self._instructions,
+            tools=lambda: [
+                *(t.spec() for t in (*self.offer().tools, *self._turn_app_tools)),
+                *(p.spec for p in self.platform_tools.values()),
+            ],
             run_tool=self._run_tool,
             max_tool_rounds=self.agent.max_tool_rounds,
         )
 
+    def _instructions(self) -> str:
+        texts = [self.offer().instructions]
+        texts.extend(text.strip() for extra in self.instruction_extras if (text := extra()))
+        return "\n\n".join(t for t in texts if t)
+
     async def _run_tool(self, call: ToolCall) -> ToolOutcome:
+        platform = self.platform_tools.get(call.name)
+        if platform is not None and self._turn is not None:
+            return await platform.run(self._turn.id, call)
         app_tool = next((t for t in self._turn_app_tools if t.name == call.name), None)
         if app_tool is not None:
             if self.app_tool_handler is None or self._turn is None:

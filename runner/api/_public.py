@@ -137,12 +137,31 @@ def create_public_app(service: AgentSocketService) -> QuartTrio:
             )
         )
 
+    @app.post("/v1/agent/sessions/<session_id>/compact")
+    async def compact_session(session_id: str) -> Response:
+        end_user = await end_user_or_api_key()
+        await service.conversation_for(session_id, end_user_id=end_user)
+        await _body(w.AgentSessionRequest)
+        compacted = await service.compact(session_id)
+        return _json(
+            w.CompactionDone(
+                session_id=session_id,
+                compacted=compacted is not None,
+                after_seq=compacted.after_seq if compacted is not None else None,
+            )
+        )
+
     @app.delete("/v1/agent/sessions/<session_id>")
     async def delete_session(session_id: str) -> Response:
         end_user = await end_user_or_api_key()
         await service.conversation_for(session_id, end_user_id=end_user)
         await service.delete_conversation(session_id)
         return _json(w.Deleted(session_id=session_id, deleted=True))
+
+    @app.get("/v1/agent/relations")
+    async def relations() -> Response:
+        end_user = await end_user_or_api_key()
+        return _json(w.Relations(relations=await service.relations_for(end_user)))
 
     @app.websocket("/v1/agent/stream")
     async def agent_stream() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import collections
 import logging
 import math
 import re
@@ -36,13 +37,13 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
-from journal import AgentStore, ConversationRow, StoredMessage, StoredToolCall, TokenRow, now_ms
+from journal import AgentStore, ConversationRow, KnowledgeHit, RelationRow, Spent, StoredMessage, StoredToolCall, TokenRow, UsageRow, now_ms
 
 from .. import ino_wire as w
-from ..agent._runtime import AgentRuntime, ConfirmationNotWaiting, PendingConfirmation, TurnBusy
+from ..agent._runtime import AgentRuntime, ConfirmationNotWaiting, PendingConfirmation, PlatformTool, TurnBusy
 from ..calls import keep_json
-from ..errors import GenerationMismatch, NotFound, RunnerAtCapacity, RunnerDraining, StartFailed, Unauthorized
-from ..providers import ChatMessage, ProviderError, ToolCall
+from ..errors import GenerationMismatch, NotFound, RunnerAtCapacity, RunnerDraining, RunnerError, StartFailed, Unauthorized
+from ..providers import ChatMessage, ProviderError, ToolCall, ToolSpec
 from ..voice.engine import (
     AudioData,
     AudioEnd,
@@ -58,6 +59,7 @@ from ..voice.engine import (
     ToolStarted,
     TurnEvent,
     TurnFinished,
+    TurnResult,
     TurnStarted,
     UsageReported,
     new_turn_id,
@@ -86,6 +88,16 @@ MAX_TTL_SECONDS = 86_400
 # Bounds on cleanup: a socket that leaves lets its turn unwind for this long.
 _UNWIND_S = 10.0
 _CLOSE_S = 5.0
+# The platform's own tools, offered by the agent's options.
+KNOWLEDGE_TOOL = "search_knowledge"
+RELATION_TOOL = "record_relationship"
+KNOWLEDGE_HITS = 3
+MAX_NOTE_CHARS = 500
+# What a turn costs, in credits: per 1,000 model tokens (input and output), and per minute
+# of transcription and of speech.
+CREDITS_PER_1K_TOKENS = 1.0
+CREDITS_PER_TRANSCRIPTION_MINUTE = 1.0
+CREDITS_PER_SPEECH_MINUTE = 1.0
 _AGENT_NAMESPACE = uuid.UUID("5b0c7c3e-0e51-4c57-9f57-8f1f3c1a6e21")
 _WORD = re.compile(r"[a-z0-9']+")
 
@@ -94,6 +106,8 @@ CLOSE_REASONS = {
     4002: "Invalid, revoked or expired credentials, or an API key instead of a token.",
     4003: "This token has expired. Mint another and reconnect.",
     4004: "This token was revoked, or has spent its credit limit.",
+    4005: "Your organisation has no credits left.",
+    4006: "Too many turns, or too many connections on one token. Slow down and reconnect.",
     4007: "Closed after a period with no activity. ping does not count as activity.",
     4008: "That conversation is not available: unknown, deleted, or its agent or person was deleted.",
     4009: "The frame could not be understood, or the session in the URL and the auth frame differ.",
@@ -124,6 +138,95 @@ def new_session_id() -> str:
 
 def _words(text: str) -> set[str]:
     return set(_WORD.findall(text.lower()))
+
+
+def _with_stop(text: str) -> str:
+    text = text.strip()
+    return text if not text or text[-1] in ".!?" else text + "."
+
+
+def _wire_call_id(kind: w.ToolKind, call_id: str) -> str | None:
+    """The platform's own calls carry no call_id on the wire."""
+    return None if kind == "platform" else call_id
+
+
+def relation_body(row: RelationRow) -> w.RelationBody:
+    return w.RelationBody(
+        agent_id=row.agent_id,
+        end_user_id=row.end_user_id,
+        conversations=row.conversations,
+        first_at=w.rfc3339(row.first_at),
+        last_at=w.rfc3339(row.last_at),
+        notes=[w.RelationNoteBody(note=n.note, recorded_at=w.rfc3339(n.recorded_at)) for n in row.notes],
+    )
+
+
+# A small lexicon: the mood of a reply is the one whose words it uses most (ties: the
+# earlier mood here); each word found adds 0.2 to its intensity, from 0.4, up to 1.
+MOODS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("apologetic", frozenset({"sorry", "unfortunately", "afraid", "apologies", "cannot", "can't", "unable"})),
+    ("cheerful", frozenset({"welcome", "hello", "glad", "happy", "lovely", "great", "wonderful", "enjoy", "delighted", "sunny"})),
+    ("concerned", frozenset({"careful", "warning", "danger", "snowing", "storm", "late", "problem", "costs"})),
+)
+NEUTRAL_MOOD = ("calm", 0.2)
+
+
+def mood_of(text: str) -> tuple[str, float]:
+    """The mood a reply reports, and its intensity: deterministic, from :data:`MOODS`."""
+    words = _WORD.findall(text.lower())
+    best, count = NEUTRAL_MOOD[0], 0
+    for mood, lexicon in MOODS:
+        found = sum(1 for word in words if word in lexicon)
+        if found > count:
+            best, count = mood, found
+    if count == 0:
+        return NEUTRAL_MOOD
+    return best, round(min(1.0, 0.2 + 0.2 * count), 2)
+
+
+def summarise(previous: str | None, messages: list[ChatMessage]) -> str:
+    """A conversation's summary: the one before it, then what each side said, one sentence each."""
+    lines = [previous] if previous else ["Summary of the conversation so far."]
+    for message in messages:
+        text = " ".join(message.content.split())
+        if not text or message.role not in ("user", "assistant"):
+            continue
+        who = "The person said:" if message.role == "user" else "You answered:"
+        lines.append(f"{who} {_with_stop(text)}")
+    return "\n".join(lines)
+
+
+def usage_rows(result: TurnResult, speech_seconds: float) -> list[UsageRow]:
+    """A turn's usage rows: model tokens, transcription seconds, speech seconds (each when used)."""
+    rows = []
+    if result.usage:
+        tokens_in = sum(u.input_tokens for u in result.usage)
+        tokens_out = sum(u.output_tokens for u in result.usage)
+        rows.append(
+            UsageRow(
+                kind="model",
+                model=result.usage[-1].model,
+                input_tokens=tokens_in,
+                output_tokens=tokens_out,
+                credits=(tokens_in + tokens_out) / 1000 * CREDITS_PER_1K_TOKENS,
+            )
+        )
+    if result.heard_seconds:
+        rows.append(transcription_row(result.heard_seconds))
+    if speech_seconds > 0:
+        rows.append(UsageRow(kind="speech", seconds=round(speech_seconds, 3), credits=speech_seconds / 60 * CREDITS_PER_SPEECH_MINUTE))
+    return rows
+
+
+def transcription_row(seconds: float) -> UsageRow:
+    return UsageRow(kind="transcription", seconds=round(seconds, 3), credits=seconds / 60 * CREDITS_PER_TRANSCRIPTION_MINUTE)
+
+
+class TurnRunning(RunnerError):
+    """A conversation cannot be compacted while a turn of it runs."""
+
+    status = 409
+    code = "conflict"
 
 
 class CloseSocket(Exception):
@@ -158,11 +261,18 @@ class AgentSocketSetup:
         agent: The agent every conversation talks to.
         api_key: The key that mints ephemeral tokens (``CURB_API_KEY``); ``None``: none can be minted.
         idle_seconds: A socket with no activity for this long is closed with 4007.
+        credit_pool: The runner's own credits (``CURB_CREDIT_POOL``); once every token's
+            turns spent them, sockets close with 4005. ``None``: no pool.
+        token_turns_per_minute: Turns one token may take a minute (4006 past it); ``None``: no limit.
+        token_connections: Open sockets one token may hold (4006 past it); ``None``: no limit.
     """
 
     agent: Agent
     api_key: str | None
     idle_seconds: int = DEFAULT_IDLE_SECONDS
+    credit_pool: float | None = None
+    token_turns_per_minute: int | None = None
+    token_connections: int | None = None
 
 
 # -- The transport -------------------------------------------------------------------------
@@ -246,6 +356,9 @@ class _RunningTurn:
     finished: bool = False
     text: str = ""
     open_tools: dict[str, tuple[str, w.ToolKind, float]] = attrs.Factory(dict)
+    knowledge: str | None = None
+    relation: RelationRow | None = None
+    speech_seconds: float = 0.0
     done: trio.Event = attrs.Factory(trio.Event)
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
 
@@ -273,6 +386,10 @@ class InoCall:
         self._app_calls: dict[str, trio.MemorySendChannel[ToolOutcome]] = {}
         self._attach_lock = trio.Lock()
         self._persisted = 0
+        # The stored position of runtime.history[0]: messages a summary covers leave the history.
+        self._first_position = 1
+        self.summary: str | None = None
+        self.pending_compacted: w.Compacted | None = None
 
     # -- TransportSession ----------------------------------------------------------------
 
@@ -312,11 +429,18 @@ class InoCall:
                 if not runtime.ready.is_set():
                     raise CloseSocket(4013, "the agent did not start")
                 stored = await self.service.store.load_messages(self.conversation_id)
-                runtime.load_history(_chat_message(m) for m in stored)
+                summary = await self.service.store.latest_summary(self.conversation_id)
+                after = 0
+                if summary is not None:
+                    self.summary, after = summary.summary, summary.after_position
+                runtime.load_history(_chat_message(m) for m in stored if m.position > after)
+                self._first_position = after + 1
                 self._persisted = len(runtime.history)
                 runtime.add_listener(self._on_turn_event)
                 runtime.app_tool_handler = self._call_app_tool
                 runtime.confirms_tools = True
+                runtime.instruction_extras.append(self._extra_instructions)
+                runtime.platform_tools.update(self._platform_tools())
                 self.runtime = runtime
                 if not stored:
                     greet = runtime.greeting_options()
@@ -325,6 +449,10 @@ class InoCall:
             self.sockets.append(conn)
             conn.call = self
             rate = runtime.voice_sample_rate_hz()
+            relation = None
+            if self.service.agent.relations:
+                row = await self.service.store.relation(self.service.agent_id, conn.end_user_id)
+                relation = relation_body(row) if row is not None else None
             conn.send(
                 w.Ready(
                     session_id=self.conversation_id,
@@ -333,8 +461,8 @@ class InoCall:
                     speaks=rate is not None,
                     audio=w.AudioFormat(sample_rate=rate or 24_000),
                     hearing=w.AudioFormat(sample_rate=HEARING_RATE_HZ),
-                    emotion=False,
-                    relation=None,
+                    emotion=self.service.agent.moods,
+                    relation=relation,
                     greeting=greet is not None and self.turn is None,
                     idle_seconds=self.service.idle_seconds,
                     edge_version=edge_version(),
@@ -379,14 +507,20 @@ class InoCall:
     # -- Turns -----------------------------------------------------------------------------
 
     def request_turn(self, conn: Connection, request: _TurnRequest) -> Outcome:
-        """Take a turn now, hold it behind a cancelled turn that unwinds, or refuse it."""
+        """Take a turn now, hold it behind a cancelled turn that unwinds, or refuse it.
+
+        Raises:
+            CloseSocket: 4006, past the token's turns a minute.
+        """
         runtime = self.runtime
         assert runtime is not None
         state = self.turn
         if state is None and not runtime.busy and self.held is None:
+            self.service.check_turn_rate(conn.token_id)
             self._start_turn(conn, request)
             return "started"
         if state is not None and state.cancel_reason is not None and self.held is None:
+            self.service.check_turn_rate(conn.token_id)
             self.held = (conn, request)
             return "held"
         return "conflict"
@@ -552,8 +686,12 @@ class InoCall:
                 conn.send(
                     w.Error(code="unavailable", message="this agent has no voice: the reply is text only", turn=tid, stage="speech")
                 )
+            request = state.request
+            if request.text is not None and request.confirm_call_id is None:
+                await self._search_first(state, request.text)
         elif isinstance(event, Heard):
             conn.send(w.Heard(turn=tid, text=event.text, audio_seconds=round(event.audio_seconds, 3)))
+            await self._search_first(state, event.text)
         elif isinstance(event, ReplyDelta):
             state.text += event.text
             conn.send(w.TextDelta(turn=tid, text=event.text))
@@ -564,14 +702,15 @@ class InoCall:
         elif isinstance(event, AudioData):
             conn.send_binary(event.pcm)
         elif isinstance(event, AudioEnd):
+            state.speech_seconds += event.audio_seconds
             conn.send(w.AudioEnd(turn=tid, chunk=event.chunk, bytes=event.bytes, audio_seconds=round(event.audio_seconds, 3)))
         elif isinstance(event, ToolStarted):
             kind = self._kind(state, event.name)
             state.open_tools[event.call_id] = (event.name, kind, time.monotonic())
-            conn.send(w.ToolStart(turn=tid, name=event.name, kind=kind, call_id=event.call_id))
+            conn.send(w.ToolStart(turn=tid, name=event.name, kind=kind, call_id=_wire_call_id(kind, event.call_id)))
         elif isinstance(event, ToolEnded):
             name, kind, _ = state.open_tools.pop(event.call_id, (event.name, self._kind(state, event.name), 0.0))
-            conn.send(w.ToolEnd(turn=tid, name=name, kind=kind, call_id=event.call_id, ok=event.ok, ms=event.ms))
+            conn.send(w.ToolEnd(turn=tid, name=name, kind=kind, call_id=_wire_call_id(kind, event.call_id), ok=event.ok, ms=event.ms))
         elif isinstance(event, ToolConfirmRequested):
             conn.send(w.ToolConfirm(turn=tid, call_id=event.call_id, name=event.name, arguments=dict(event.arguments)))
         elif isinstance(event, UsageReported):
@@ -599,7 +738,119 @@ class InoCall:
             await self._finish(state, event)
 
     def _kind(self, state: _RunningTurn, name: str) -> w.ToolKind:
+        runtime = self.runtime
+        if runtime is not None and name in runtime.platform_tools:
+            return "platform"
         return "app" if name in state.app_tools else "webhook"
+
+    # -- What lives behind the socket: knowledge, relations, summaries ------------------------
+
+    def _extra_instructions(self) -> str | None:
+        parts = []
+        if self.summary:
+            parts.append(self.summary)
+        state = self.turn
+        if state is not None and state.knowledge:
+            parts.append(state.knowledge)
+        return "\n\n".join(parts) or None
+
+    def _platform_tools(self) -> dict[str, PlatformTool]:
+        agent = self.service.agent
+        tools: dict[str, PlatformTool] = {}
+        if agent.knowledge == "tool":
+            tools[KNOWLEDGE_TOOL] = PlatformTool(
+                spec=ToolSpec(
+                    name=KNOWLEDGE_TOOL,
+                    description="Search the knowledge base for facts on a topic.",
+                    parameters={"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+                ),
+                run=self._knowledge_tool,
+            )
+        if agent.relations:
+            tools[RELATION_TOOL] = PlatformTool(
+                spec=ToolSpec(
+                    name=RELATION_TOOL,
+                    description="Record a change in the relationship with this person: a note to keep about them.",
+                    parameters={"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]},
+                ),
+                run=self._relation_tool,
+            )
+        return tools
+
+    async def _search(self, state: _RunningTurn, via: Literal["first", "tool"], query: str) -> list[KnowledgeHit] | None:
+        try:
+            hits = await self.service.store.search_knowledge(self.service.agent_id, query, limit=KNOWLEDGE_HITS)
+        except Exception:
+            log.exception("a knowledge search of conversation %s failed", self.conversation_id)
+            state.owner.send(w.Knowledge(turn=state.id, via=via, outcome="failed", entries=[]))
+            return None
+        state.owner.send(
+            w.Knowledge(
+                turn=state.id,
+                via=via,
+                outcome="found" if hits else "none",
+                entries=[w.KnowledgeEntry(entry_id=h.entry_id, title=h.title, score=h.score) for h in hits],
+            )
+        )
+        return hits
+
+    async def _search_first(self, state: _RunningTurn, text: str) -> None:
+        if self.service.agent.knowledge != "first" or state.finished:
+            return
+        hits = await self._search(state, "first", text)
+        if hits:
+            state.knowledge = "\n".join(_with_stop(h.text) for h in hits)
+
+    async def _knowledge_tool(self, turn_id: str, call: ToolCall) -> ToolOutcome:
+        state = self.turn
+        if state is None or state.id != turn_id:
+            return ToolOutcome(ok=False, error="the turn is over")
+        query = str(call.arguments.get("query") or "")
+        hits = await self._search(state, "tool", query)
+        if hits is None:
+            return ToolOutcome(ok=False, error="the knowledge search failed")
+        if not hits:
+            return ToolOutcome(ok=True, result=f"Nothing in the knowledge base about {query}.")
+        return ToolOutcome(ok=True, result=" ".join(_with_stop(h.text) for h in hits))
+
+    async def _relation_tool(self, turn_id: str, call: ToolCall) -> ToolOutcome:
+        state = self.turn
+        if state is None or state.id != turn_id:
+            return ToolOutcome(ok=False, error="the turn is over")
+        note = str(call.arguments.get("note") or "").strip()[:MAX_NOTE_CHARS]
+        if not note:
+            return ToolOutcome(ok=False, error="a note is needed")
+        row = await self.service.store.record_relation(self.service.agent_id, state.owner.end_user_id, note, turn_id=turn_id)
+        state.relation = row
+        return ToolOutcome(ok=True, result=f"Noted: {note}")
+
+    async def _compact_if_due(self) -> w.Compacted | None:
+        """After a reply: fold the messages before the last exchange into the summary, if over budget."""
+        budget = self.service.agent.compact_after_words
+        runtime = self.runtime
+        if budget is None or runtime is None:
+            return None
+        history = runtime.history
+        if sum(len(m.content.split()) for m in history) <= budget:
+            return None
+        return await self.compact("automatic")
+
+    async def compact(self, trigger: Literal["automatic", "manual"]) -> w.Compacted | None:
+        """Summarise every stored message before the last person's turn; the transcript is kept."""
+        runtime = self.runtime
+        assert runtime is not None
+        history = runtime.history
+        cut = max((i for i, m in enumerate(history[: self._persisted]) if m.role == "user"), default=0)
+        if cut <= 0:
+            return None
+        after_position = self._first_position + cut - 1
+        summary = summarise(self.summary, history[:cut])
+        await self.service.store.add_summary(self.conversation_id, after_position=after_position, summary=summary, trigger=trigger)
+        del history[:cut]
+        self._persisted -= cut
+        self._first_position += cut
+        self.summary = summary
+        return w.Compacted(session_id=self.conversation_id, after_seq=after_position, trigger=trigger)
 
     async def _finish(self, state: _RunningTurn, event: TurnFinished) -> None:
         result = event.result
@@ -612,21 +863,64 @@ class InoCall:
         now = time.monotonic()
         for call_id, (name, kind, began) in list(state.open_tools.items()):
             # A cancelled tool still ends its pair.
-            conn.send(w.ToolEnd(turn=tid, name=name, kind=kind, call_id=call_id, ok=False, ms=int((now - began) * 1000)))
+            conn.send(
+                w.ToolEnd(
+                    turn=tid, name=name, kind=kind, call_id=_wire_call_id(kind, call_id), ok=False, ms=int((now - began) * 1000)
+                )
+            )
         state.open_tools.clear()
         if state.mute_requested and not state.muted_sent:
             state.muted_sent = True
             conn.send(w.Muted(turn=tid))
         self.recent_text = result.text
+        spent = await self._charge(state, result)
+        # Compacted now, announced after the turn's last frame: nothing below waits, so the
+        # turn is over (and the next may start) the moment turn.done is written.
+        try:
+            compacted = await self._compact_if_due()
+        except Exception:
+            log.exception("conversation %s could not be compacted", self.conversation_id)
+            compacted = None
+        compacted, self.pending_compacted = compacted or self.pending_compacted, None
         state.finished = True
+        mood = mood_of(result.text) if self.service.agent.moods and result.text.strip() else None
+        if mood is not None:
+            conn.send(w.Mood(turn=tid, mood=mood[0], intensity=mood[1]))
+        mood_name, intensity = mood if mood is not None else (None, None)
         if result.interrupted:
             reason = state.cancel_reason or "internal"
             if result.error_code is not None:
                 reason = "provider_failed"  # the code of the error frame that names the failure
                 stage = state.stage
                 conn.send(w.Error(code="provider_failed", message=(result.reason or result.error_code)[:500], turn=tid, stage=stage))
-            conn.send(w.Interrupted(turn=tid, message=result.text, mood=None, mood_intensity=None, reason=reason))
-            return
+            conn.send(w.Interrupted(turn=tid, message=result.text, mood=mood_name, mood_intensity=intensity, reason=reason))
+        else:
+            self._send_done(state, event, mood_name, intensity)
+            if state.relation is not None:
+                conn.send(w.Relation(turn=tid, **attrs.asdict(relation_body(state.relation), recurse=False)))
+        if compacted is not None:
+            for socket in list(self.sockets):
+                socket.send(compacted)
+        if spent is not None:
+            self.service.after_charge(conn.token_id, spent)
+
+    async def _charge(self, state: _RunningTurn, result: TurnResult) -> Spent | None:
+        rows = usage_rows(result, state.speech_seconds)
+        if not rows:
+            return None
+        conn = state.owner
+        try:
+            return await self.service.store.charge(
+                conversation_id=self.conversation_id, turn_id=state.id, token_id=conn.token_id, end_user_id=conn.end_user_id, rows=rows
+            )
+        except Exception:
+            log.exception("the usage of a turn of conversation %s was not stored", self.conversation_id)
+            return None
+
+    def _send_done(self, state: _RunningTurn, event: TurnFinished, mood: str | None, intensity: float | None) -> None:
+        result = event.result
+        conn = state.owner
+        tid = state.id
         models = [u.model for u in result.usage]
         conn.send(
             w.TurnDone(
@@ -636,8 +930,8 @@ class InoCall:
                 model=models[-1] if models else None,
                 input_tokens=sum(u.input_tokens for u in result.usage) if models else None,
                 output_tokens=sum(u.output_tokens for u in result.usage) if models else None,
-                mood=None,
-                mood_intensity=None,
+                mood=mood,
+                mood_intensity=intensity,
                 truncated=False,
                 chunks_spoken=result.chunks_spoken,
                 heard=result.heard,
@@ -655,6 +949,7 @@ class InoCall:
                         round=c.round,
                     )
                     for c in result.tool_calls
+                    if self._kind(state, c.name) != "platform"
                 ],
                 sources=[],
                 timings=w.TurnTimings(
@@ -896,7 +1191,7 @@ class Connection:
         self.service.connections.discard(self)
         if self._counted:
             self._counted = False
-            self.service.uncount(self.end_user_id)
+            self.service.uncount(self.end_user_id, self.token_id)
         if self.call is not None:
             with trio.move_on_after(_UNWIND_S):
                 await self.call.detach(self)
@@ -1119,6 +1414,19 @@ class Connection:
                     recording_id=recording.recording_id,
                 )
             )
+            if self.call is not None and seconds > 0:
+                try:
+                    spent = await self.service.store.charge(
+                        conversation_id=self.call.conversation_id,
+                        turn_id=request_id,
+                        token_id=self.token_id,
+                        end_user_id=self.end_user_id,
+                        rows=[transcription_row(seconds)],
+                    )
+                except Exception:
+                    log.exception("the usage of a transcription was not stored")
+                else:
+                    self.service.after_charge(self.token_id, spent)
         finally:
             self.transcribing -= 1
             self.check_close_after_turn()
@@ -1179,8 +1487,13 @@ class AgentSocketService:
         self.agent_id = agent_id_of(setup.agent)
         self.api_key = setup.api_key
         self.idle_seconds = setup.idle_seconds
+        self.credit_pool = setup.credit_pool
+        self.token_turns_per_minute = setup.token_turns_per_minute
+        self.token_connections = setup.token_connections
         self.connections: set[Connection] = set()
         self._per_end_user: dict[str, int] = {}
+        self._per_token: dict[str, int] = {}
+        self._turns_at: dict[str, collections.deque[float]] = {}
         self._nursery: trio.Nursery | None = None
         transport.service = self
 
@@ -1249,6 +1562,51 @@ class AgentSocketService:
             raise NotFound(f"no conversation {conversation_id!r}")
         return row
 
+    async def compact(self, conversation_id: str) -> w.Compacted | None:
+        """Compact a conversation on request: what :meth:`InoCall.compact` does after a reply.
+
+        Returns ``None`` when there is nothing before the person's last message to fold in.
+
+        Raises:
+            TurnRunning: A turn of the conversation runs (compaction never happens inside one).
+        """
+        call = self.transport.calls.get(conversation_id)
+        if call is not None and call.runtime is not None and not call.closed:
+            if call.turn is not None or call.runtime.busy:
+                raise TurnRunning("a turn of this conversation is running; compact it after turn.done")
+            compacted = await call.compact("manual")
+            if compacted is not None:
+                if call.turn is not None:
+                    call.pending_compacted = compacted  # a turn began meanwhile: announce it after
+                else:
+                    for conn in list(call.sockets):
+                        conn.send(compacted)
+            return compacted
+        stored = await self.store.load_messages(conversation_id)
+        latest = await self.store.latest_summary(conversation_id)
+        after = latest.after_position if latest is not None else 0
+        rest = [m for m in stored if m.position > after]
+        cut = max((i for i, m in enumerate(rest) if m.role == "user"), default=0)
+        if cut <= 0:
+            return None
+        summary = summarise(latest.summary if latest is not None else None, [_chat_message(m) for m in rest[:cut]])
+        position = rest[cut - 1].position
+        await self.store.add_summary(conversation_id, after_position=position, summary=summary, trigger="manual")
+        return w.Compacted(session_id=conversation_id, after_seq=position, trigger="manual")
+
+    async def relations_for(self, end_user_id: str | None) -> list[w.RelationBody]:
+        """The agent's relationships: one person's (a token's), or everyone's (the API key's).
+        Empty when the agent keeps none.
+        """
+        if not self.agent.relations:
+            return []
+        if end_user_id is None:
+            rows = await self.store.relations(self.agent_id)
+        else:
+            row = await self.store.relation(self.agent_id, end_user_id)
+            rows = [row] if row is not None else []
+        return [relation_body(r) for r in rows]
+
     async def delete_conversation(self, conversation_id: str) -> bool:
         deleted = await self.store.delete_conversation(conversation_id)
         call = self.transport.calls.get(conversation_id)
@@ -1295,21 +1653,57 @@ class AgentSocketService:
             raise CloseSocket(4008, "the conversation belongs to another person")
         if self.runner.draining:
             raise CloseSocket(4013, "runner draining")
+        if self.credit_pool is not None and await self.store.runner_spent() >= self.credit_pool:
+            raise CloseSocket(4005, "the runner's credit pool is spent")
         count = self._per_end_user.get(row.end_user_id, 0)
         if count >= MAX_CONNECTIONS_PER_END_USER:
             raise CloseSocket(4014, f"this end user already has {MAX_CONNECTIONS_PER_END_USER} open connections")
+        held = self._per_token.get(row.token_id, 0)
+        if self.token_connections is not None and held >= self.token_connections:
+            raise CloseSocket(4006, f"this token already holds {self.token_connections} connections")
         self._per_end_user[row.end_user_id] = count + 1
+        self._per_token[row.token_id] = held + 1
         conn.end_user_id = row.end_user_id
         conn.token_id = row.token_id
         conn.app_tools = tuple(auth.tools or ())
         return conversation
 
-    def uncount(self, end_user_id: str) -> None:
-        left = self._per_end_user.get(end_user_id, 0) - 1
-        if left > 0:
-            self._per_end_user[end_user_id] = left
-        else:
-            self._per_end_user.pop(end_user_id, None)
+    def uncount(self, end_user_id: str, token_id: str) -> None:
+        for counts, key in ((self._per_end_user, end_user_id), (self._per_token, token_id)):
+            left = counts.get(key, 0) - 1
+            if left > 0:
+                counts[key] = left
+            else:
+                counts.pop(key, None)
+
+    def check_turn_rate(self, token_id: str) -> None:
+        """Count a turn the token asks for.
+
+        Raises:
+            CloseSocket: 4006, past the token's turns a minute.
+        """
+        limit = self.token_turns_per_minute
+        if limit is None:
+            return
+        now = trio.current_time()
+        recent = self._turns_at.setdefault(token_id, collections.deque())
+        while recent and recent[0] <= now - 60:
+            recent.popleft()
+        if len(recent) >= limit:
+            raise CloseSocket(4006, f"this token may take {limit} turns a minute")
+        recent.append(now)
+
+    def after_charge(self, token_id: str, spent: Spent) -> None:
+        """A turn was charged: close the token's sockets when it spent its limit (4004), and every
+        socket when the runner's pool is spent (4005), each after its running turn.
+        """
+        if spent.token_limit is not None and spent.token_spent >= spent.token_limit:
+            for conn in list(self.connections):
+                if conn.token_id == token_id:
+                    conn.close_when_idle(4004, "this token has spent its credit limit")
+        if self.credit_pool is not None and spent.runner_spent >= self.credit_pool:
+            for conn in list(self.connections):
+                conn.close_when_idle(4005, "the runner's credit pool is spent")
 
     async def attach(self, conn: Connection, conversation: ConversationRow) -> None:
         """Join the conversation's call, starting it if no socket holds it.

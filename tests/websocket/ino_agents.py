@@ -79,3 +79,30 @@ failing_voice = Agent(
     tts=TTS(provider="openai", voice="alloy"),
     stt=STT(provider="openai"),
 )
+
+# Issue 9's agent: searches its knowledge before each reply, reports moods, keeps a
+# relationship with each person, and compacts a conversation past 60 words. Text only.
+knowing = Agent(
+    "ino-knowing",
+    instructions=INSTRUCTIONS,
+    llm=LLM(provider="local", model="local"),
+    knowledge="first",
+    moods=True,
+    relations=True,
+    compact_after_words=60,
+)
+knowing.app_tool(
+    "open_page",
+    "Open a page of the hotel app.",
+    {"type": "object", "properties": {"page": {"type": "string"}}, "required": ["page"]},
+    timeout_ms=30_000,
+)
+
+# Searches its knowledge only when the model calls the platform's search tool.
+searching = Agent("ino-searching", instructions=INSTRUCTIONS, llm=LLM(provider="local", model="local"), knowledge="tool")
+
+# Knowledge entries for both (``runner knowledge load``).
+KNOWLEDGE = [
+    {"entry_id": "pool", "title": "Rooftop pool", "text": "The rooftop pool is open from eight in the morning to ten at night."},
+    {"entry_id": "parking", "title": "Parking", "text": "Guests park in the garage under the hotel for fifteen euros a night."},
+]
