@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from functools import partial
 from pathlib import Path
 
 import attrs

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
-import socket
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from .runner_process import TOKEN, open_events, read_stream, records, start_runner
+from .runner_process import open_events, read_stream, start_runner
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import trio
 
 from ..calls import CallContext, CallRecord, keep_json
 from ..errors import HandlerFailed, InvalidPayload, InvalidRequest, NoHandler, NotAdjustable, RunnerError
-from ..providers import ChatMessage, ToolCall, ToolSpec, make_llm, make_stt, make_tts
+from ..providers import ChatMessage, ProviderError, ToolCall, ToolSpec, make_llm, make_stt, make_tts
 from ..transports import AudioFrame, ClientRefusal, ParticipantJoined, ParticipantLeft, TransportEvent, TransportSession, UserText
 from ..voice.engine import (
     AudioData,
@@ -346,10 +346,22 @@ class AgentRuntime:
         return pending
 
     def _plan(self, *, speech: bool | None = None) -> TurnPlan:
-        llm, tts, _ = self.current()
+        llm_spec, tts_spec, _ = self.current()
+        # A provider this runner cannot build fails the turn (or its speech), never the call.
+        try:
+            llm = self._providers.llm(llm_spec)
+        except Exception as exc:
+            log.error("call %s: cannot build its model: %s", self.call.session_id, exc)
+            llm = _Unbuildable(str(exc))
+        tts = None
+        if speech is not False:
+            try:
+                tts = self._providers.tts(tts_spec)
+            except Exception as exc:
+                log.error("call %s: cannot build its voice: %s", self.call.session_id, exc)
         return TurnPlan(
-            llm=self._providers.llm(llm),
-            tts=None if speech is False else self._providers.tts(tts),
+            llm=llm,
+            tts=tts,
             instructions=self._instructions,
             tools=lambda: [
                 *(t.spec() for t in (*self.offer().tools, *self._turn_app_tools)),
