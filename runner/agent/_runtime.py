@@ -438,6 +438,7 @@ class AgentRuntime:
         app_tools: Collection[str] = (),
         hear: Hear | None = None,
         confirmed: PendingConfirmation | None = None,
+        thoughts: bool = False,
     ) -> TurnResult | None:
         """Run one turn (waiting for the one before it); ``None`` once the call stopped taking turns.
 
@@ -451,6 +452,9 @@ class AgentRuntime:
             app_tools: The app tools the caller's app runs, by name (the others are not offered).
             hear: Transcribe a spoken turn inside it (see :meth:`Turn.run`).
             confirmed: A call the person said yes to: it runs before the model is asked.
+            thoughts: Ask the model for its thinking summaries (reported as ``Thought``
+                events, never part of the reply or the transcript). The caller decides
+                whether the agent allows them (``Agent(thinking_summaries=...)``).
         """
         if not self._accepting:
             return None
@@ -491,6 +495,7 @@ class AgentRuntime:
                 heard_seconds=heard_seconds,
                 hear=heard_and_kept,
                 run_first=run_first,
+                thoughts=thoughts,
             )
         finally:
             self._turn = None

@@ -56,6 +56,18 @@ class TextDelta:
 
 
 @attrs.frozen(kw_only=True)
+class ThoughtDelta:
+    """A piece of the model's thinking summary: never part of the reply.
+
+    Only a provider that reports its thinking (``reports_thoughts``, see :class:`LLM`) and
+    was asked for it (``stream(..., thoughts=True)``) yields these, before the text they
+    led to.
+    """
+
+    text: str
+
+
+@attrs.frozen(kw_only=True)
 class Usage:
     """Token counts of one model call."""
 
@@ -66,7 +78,7 @@ class Usage:
     thought_tokens: int = 0
 
 
-LLMEvent = TextDelta | ToolCall | Usage
+LLMEvent = TextDelta | ThoughtDelta | ToolCall | Usage
 
 
 class ProviderError(Exception):
@@ -84,7 +96,14 @@ class ProviderError(Exception):
 
 @runtime_checkable
 class LLM(Protocol):
-    """A chat model that streams."""
+    """A chat model that streams.
+
+    Thinking summaries are optional and outside the protocol: a provider that can report its
+    thinking sets the class attribute ``reports_thoughts = True`` and accepts a keyword-only
+    ``thoughts: bool = False`` on :meth:`stream`; asked with ``thoughts=True`` it may yield
+    :class:`ThoughtDelta` events. Callers pass ``thoughts`` only to such providers (see
+    :func:`reports_thoughts`), so every other provider keeps the plain signature below.
+    """
 
     provider: str
     model: str
@@ -97,6 +116,11 @@ class LLM(Protocol):
         Raises ``ProviderError`` (also mid-stream, when the stream is cut).
         """
         ...
+
+
+def reports_thoughts(llm: object) -> bool:
+    """Whether ``llm`` takes ``stream(..., thoughts=True)`` and may yield :class:`ThoughtDelta`."""
+    return getattr(llm, "reports_thoughts", False) is True
 
 
 @attrs.frozen(kw_only=True)

@@ -14,7 +14,16 @@ from typing import Any
 import attrs
 import httpx
 
-from ._types import ChatMessage, LLMEvent, ProviderError, TextDelta, ToolCall, ToolSpec, Usage
+from ._types import (
+    ChatMessage,
+    LLMEvent,
+    ProviderError,
+    TextDelta,
+    ThoughtDelta,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from .openai import (
     _MAX_ERROR_MESSAGE_CHARS,
     _decode_arguments,
@@ -103,9 +112,11 @@ class _MessageStream:
     output_tokens: int = 0
     tools: dict[int, _ToolBlock] = attrs.Factory(dict)
     calls: list[ToolCall] = attrs.Factory(list)
+    thoughts: bool = False
 
-    def feed(self, event: str, data: str) -> list[str]:
-        """Take one event; return its text (raises ``ProviderError`` on an ``error`` event)."""
+    def feed(self, event: str, data: str) -> list[TextDelta | ThoughtDelta]:
+        """Take one event; return its text and thinking (raises ``ProviderError`` on an ``error``
+        event). Thinking is returned only when ``thoughts`` was asked for."""
         payload = _decode_json_object(data, _SERVICE)
         kind = payload.get("type") or event
         if kind == "message_start":
@@ -124,14 +135,27 @@ class _MessageStream:
                     start_input=start_input if isinstance(start_input, Mapping) else {},
                 )
             elif isinstance(block, Mapping) and block.get("type") == "text" and block.get("text"):
-                return [str(block["text"])]
+                return [TextDelta(text=str(block["text"]))]
+            elif (
+                self.thoughts
+                and isinstance(block, Mapping)
+                and block.get("type") == "thinking"
+                and isinstance(block.get("thinking"), str)
+                and block["thinking"]
+            ):
+                return [ThoughtDelta(text=block["thinking"])]
         elif kind == "content_block_delta":
             delta = payload.get("delta") or {}
             if not isinstance(delta, Mapping):
                 raise ProviderError("provider_failed", f"{_SERVICE} sent a malformed delta")
             if delta.get("type") == "text_delta":
                 text = delta.get("text")
-                return [text] if isinstance(text, str) and text else []
+                return [TextDelta(text=text)] if isinstance(text, str) and text else []
+            if delta.get("type") == "thinking_delta":
+                thought = delta.get("thinking")
+                if self.thoughts and isinstance(thought, str) and thought:
+                    return [ThoughtDelta(text=thought)]
+                return []
             if delta.get("type") == "input_json_delta":
                 tool = self.tools.get(_int(payload.get("index")))
                 if tool is None:
@@ -160,7 +184,7 @@ class _MessageStream:
             self.done = True
         elif kind == "error":
             raise self._stream_error(payload)
-        # ping and unknown events (thinking blocks, future types) are ignored.
+        # ping, signature deltas, redacted thinking and unknown events are ignored.
         return []
 
     def finish(self) -> list[LLMEvent]:
@@ -227,9 +251,20 @@ class AnthropicLLM:
         api_key_env: The environment variable holding the key.
         max_tokens: The most tokens one reply may hold (the API requires a bound).
         max_stream_s: The longest one streamed reply may take.
+        thinking_budget_tokens: With ``stream(..., thoughts=True)``: the extended-thinking
+            budget sent as ``"thinking": {"type": "enabled", "budget_tokens": N}`` (at least
+            1024, the API's minimum); ``max_tokens`` of that request grows by it, since the
+            API counts thinking in ``max_tokens``.
+
+    Thinking summaries: asked with ``thoughts=True``, the request enables extended thinking
+    and each ``thinking_delta`` becomes a :class:`ThoughtDelta` (signature deltas are
+    ignored). A request continuing a tool round (the last message is a tool result) does not
+    enable thinking: the API would then require the earlier thinking blocks, with their
+    signatures, which the conversation does not keep.
     """
 
     provider = "anthropic"
+    reports_thoughts = True
 
     def __init__(
         self,
@@ -241,8 +276,12 @@ class AnthropicLLM:
         api_key_env: str = "ANTHROPIC_API_KEY",
         max_tokens: int = 1024,
         max_stream_s: float = 600.0,
+        thinking_budget_tokens: int = 1024,
     ) -> None:
+        if thinking_budget_tokens < 1024:
+            raise ValueError("thinking_budget_tokens must be at least 1024")
         self.model = model
+        self.thinking_budget_tokens = thinking_budget_tokens
         self.base_url = base_url.rstrip("/")
         self.max_tokens = max_tokens
         self.max_stream_s = max_stream_s
@@ -254,16 +293,24 @@ class AnthropicLLM:
         return f"AnthropicLLM(model={self.model!r}, base_url={self.base_url!r})"
 
     def request_body(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] = (),
+        *,
+        thoughts: bool = False,
     ) -> dict[str, Any]:
         """The JSON body of the streamed Messages request for these inputs."""
         system, turns = _messages(messages)
+        thinking = thoughts and not (messages and messages[-1].role == "tool")
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": self.max_tokens,
+            "max_tokens": self.max_tokens
+            + (self.thinking_budget_tokens if thinking else 0),
             "messages": turns,
             "stream": True,
         }
+        if thinking:
+            body["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget_tokens}
         if system:
             body["system"] = system
         if tools:
@@ -274,9 +321,16 @@ class AnthropicLLM:
         return body
 
     async def stream(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] = (),
+        *,
+        thoughts: bool = False,
     ) -> AsyncGenerator[LLMEvent, None]:
         """Yield text deltas as written, then the tool calls, then one ``Usage``.
+
+        With ``thoughts``, the thinking summary's deltas come too, as ``ThoughtDelta``
+        (before the text, as the model writes them).
 
         Raises:
             ProviderError: on an HTTP error, a failed connection, an ``error`` event, or a
@@ -286,7 +340,7 @@ class AnthropicLLM:
             raise ProviderError(
                 "unauthorized", f"no API key for Anthropic: set {self._api_key_env} or pass api_key"
             )
-        state = _MessageStream(model=self.model, secret=self._api_key)
+        state = _MessageStream(model=self.model, secret=self._api_key, thoughts=thoughts)
         async with _open_response(
             self._http,
             _SERVICE,
@@ -297,13 +351,13 @@ class AnthropicLLM:
                 "accept": "text/event-stream",
             },
             secret=self._api_key,
-            json_body=self.request_body(messages, tools),
+            json_body=self.request_body(messages, tools, thoughts=thoughts),
         ) as response:
             events = _sse_events(response, _SERVICE, max_stream_s=self.max_stream_s)
             async with aclosing(events):
                 async for event in events:
-                    for text in state.feed(event.event, event.data):
-                        yield TextDelta(text=text)
+                    for delta in state.feed(event.event, event.data):
+                        yield delta
                     if state.done:
                         break
                 if state.done:

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import trio
 
-from ._types import ChatMessage, LLMEvent, TextDelta, ToolCall, ToolSpec, Usage
+from ._types import ChatMessage, LLMEvent, TextDelta, ThoughtDelta, ToolCall, ToolSpec, Usage
 
 FIXED_GREETING = "Hello! How can I help you today?"
 
@@ -266,18 +266,20 @@ def _tool_answer(messages: Sequence[ChatMessage]) -> str:
     return "Here is what I found: " + " ".join(parts)
 
 
-def _answer(instructions: str, text: str) -> str:
+def _answer(instructions: str, text: str) -> tuple[str, str]:
+    """The answer, and why (the thinking summary)."""
     wanted = _content_stems(text)
     best, best_overlap = "", 0
     for sentence in _sentences(instructions):
-        overlap = len(wanted & _content_stems(sentence))
-        if overlap > best_overlap:
-            best, best_overlap = sentence, overlap
+        shared = wanted & _content_stems(sentence)
+        if len(shared) > best_overlap:
+            best, best_overlap = sentence, len(shared)
     if best:
-        return best
+        shared_words = ", ".join(f"'{w}'" for w in sorted(wanted & _content_stems(best)))
+        return best, f"The instructions speak of {shared_words}: I answer with that sentence."
     if not text.strip():
-        return "Sorry, I didn't catch that."
-    return f"You said: {_with_stop(text)}"
+        return "Sorry, I didn't catch that.", "I heard no words: I ask again."
+    return f"You said: {_with_stop(text)}", "Nothing in the instructions matches: I say back what I heard."
 
 
 class LocalLLM:
@@ -297,6 +299,11 @@ class LocalLLM:
 
     Replies stream a few words per ``TextDelta``; ``Usage`` counts whitespace-separated words.
 
+    Thinking summaries: asked with ``stream(..., thoughts=True)``, it first yields one
+    ``ThoughtDelta`` naming the rule it followed (e.g. ``"Looking at the tools: weather
+    matches 'weather'."``), counted in ``Usage.thought_tokens``. It is a fixed description
+    of the rule above, not reasoning: there is no model here to think.
+
     Args:
         model: The name reported in ``Usage``.
         delay_per_delta_s: Time to wait before each delta, to simulate generation.
@@ -304,6 +311,7 @@ class LocalLLM:
     """
 
     provider = "local"
+    reports_thoughts = True
 
     def __init__(
         self, model: str = "local", *, delay_per_delta_s: float = 0.0, words_per_delta: int = 3
@@ -323,22 +331,35 @@ class LocalLLM:
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
     ) -> str | ToolCall:
         """The whole reply these inputs get: the text to say, or the one tool to call."""
+        return self.explain(messages, tools)[0]
+
+    def explain(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+    ) -> tuple[str | ToolCall, str]:
+        """:meth:`decide`'s reply and one sentence saying which rule gave it (the thinking
+        summary ``stream(..., thoughts=True)`` reports)."""
         instructions = "\n".join(m.content for m in messages if m.role == "system")
         users = [m for m in messages if m.role == "user"]
         if not users:
-            return _greeting(instructions)
+            return _greeting(instructions), "No one has spoken yet: I open with a greeting."
         last = messages[-1]
         if last.role == "tool":
-            return _tool_answer(messages)
+            return _tool_answer(messages), "The tool results are in: I pass them on."
+        prefix = ""
         if last.role == "user" and tools:
-            match = _match_tool(tools, _tokens(last.content))
+            tokens = _tokens(last.content)
+            match = _match_tool(tools, tokens)
             if match is not None:
-                return ToolCall(
+                call = ToolCall(
                     id=f"call_local_{len(messages)}",
                     name=match.tool.name,
                     arguments=_arguments(match.tool, last.content, match.keyword_index),
                 )
-        return _answer(instructions, users[-1].content)
+                word = tokens[match.keyword_index].raw
+                return call, f"Looking at the tools: {match.tool.name} matches '{word}'."
+            prefix = "Looking at the tools: none matches. "
+        answer, why = _answer(instructions, users[-1].content)
+        return answer, prefix + why
 
     async def _pause(self) -> None:
         if self.delay_per_delta_s > 0:
@@ -347,16 +368,33 @@ class LocalLLM:
             await trio.lowlevel.checkpoint()
 
     async def stream(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] = (),
+        *,
+        thoughts: bool = False,
     ) -> AsyncGenerator[LLMEvent, None]:
-        """Yield the reply a few words at a time (or the tool call), then one ``Usage``."""
+        """Yield the reply a few words at a time (or the tool call), then one ``Usage``.
+
+        With ``thoughts``, one ``ThoughtDelta`` (the rule followed) comes first.
+        """
         input_tokens = sum(_words(m.content) for m in messages)
-        reply = self.decide(messages, tools)
+        reply, why = self.explain(messages, tools)
+        thought_tokens = 0
+        if thoughts:
+            await self._pause()
+            thought_tokens = _words(why)
+            yield ThoughtDelta(text=why)
         if isinstance(reply, ToolCall):
             await self._pause()
             yield reply
             spoken = " ".join([reply.name, json.dumps(dict(reply.arguments), sort_keys=True)])
-            yield Usage(model=self.model, input_tokens=input_tokens, output_tokens=_words(spoken))
+            yield Usage(
+                model=self.model,
+                input_tokens=input_tokens,
+                output_tokens=_words(spoken),
+                thought_tokens=thought_tokens,
+            )
             return
         words = reply.split()
         step = self.words_per_delta
@@ -364,4 +402,9 @@ class LocalLLM:
             await self._pause()
             piece = " ".join(words[start : start + step])
             yield TextDelta(text=piece if start + step >= len(words) else piece + " ")
-        yield Usage(model=self.model, input_tokens=input_tokens, output_tokens=len(words))
+        yield Usage(
+            model=self.model,
+            input_tokens=input_tokens,
+            output_tokens=len(words),
+            thought_tokens=thought_tokens,
+        )

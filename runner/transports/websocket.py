@@ -53,6 +53,7 @@ from ..voice.engine import (
     ReplyChunk,
     ReplyDelta,
     SpeechFailed,
+    Thought,
     ToolConfirmRequested,
     ToolEnded,
     ToolOutcome,
@@ -340,6 +341,7 @@ class _TurnRequest:
     confirm_call_id: str | None = None
     yes: bool = False
     speech: bool | None = None
+    thoughts: bool = False
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -607,6 +609,8 @@ class InoCall:
             app_tools=sorted(state.app_tools),
             hear=self._hearing(state, request.recording) if request.recording is not None else None,
             confirmed=confirmed,
+            # Thinking summaries only for a frame that asked and an agent that allows them.
+            thoughts=request.thoughts and self.service.agent.thinking_summaries == "auto",
         )
         if result is None:
             state.owner.send(w.Error(code="unavailable", message="the call is ending and takes no more turns"))
@@ -692,6 +696,9 @@ class InoCall:
         elif isinstance(event, Heard):
             conn.send(w.Heard(turn=tid, text=event.text, audio_seconds=round(event.audio_seconds, 3)))
             await self._search_first(state, event.text)
+        elif isinstance(event, Thought):
+            # Never part of state.text: not in turn.done's message nor the transcript.
+            conn.send(w.ThoughtDelta(turn=tid, text=event.text))
         elif isinstance(event, ReplyDelta):
             state.text += event.text
             conn.send(w.TextDelta(turn=tid, text=event.text))
@@ -1216,7 +1223,7 @@ class Connection:
         if isinstance(verb, w.Auth):
             raise CloseSocket(4009, "auth was already sent on this connection")
         if isinstance(verb, w.UserMessage):
-            outcome = call.request_turn(self, _TurnRequest(text=verb.text, speech=verb.speech))
+            outcome = call.request_turn(self, _TurnRequest(text=verb.text, speech=verb.speech, thoughts=verb.thoughts is True))
             if outcome == "conflict":
                 self.send(w.Error(code="conflict", message=_CONFLICT))
         elif isinstance(verb, w.UserAudioStart):
@@ -1248,7 +1255,7 @@ class Connection:
         except ConfirmationNotWaiting:
             self.send(w.Error(code="not_found", message=_NOT_WAITING))
             return
-        request = _TurnRequest(text="Yes." if verb.yes else "No.", confirm_call_id=verb.call_id, yes=verb.yes, speech=verb.speech)
+        request = _TurnRequest(text="Yes." if verb.yes else "No.", confirm_call_id=verb.call_id, yes=verb.yes, speech=verb.speech, thoughts=verb.thoughts is True)
         if call.request_turn(self, request) == "conflict":
             self.send(w.Error(code="conflict", message=_CONFLICT))
 
@@ -1352,7 +1359,7 @@ class Connection:
             self.transcribing += 1
             nursery.start_soon(self._transcribe_only, recording)
             return
-        request = _TurnRequest(recording=recording, speech=recording.start.speech)
+        request = _TurnRequest(recording=recording, speech=recording.start.speech, thoughts=recording.start.thoughts is True)
         if call.request_turn(self, request) == "conflict":
             self.send(w.Error(code="conflict", message=_CONFLICT, recording_id=recording.recording_id))
             return

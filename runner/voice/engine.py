@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from ..providers import LLM, TTS, ChatMessage, ProviderError, TextDelta, ToolCall, ToolSpec, Usage
+from ..providers._types import ThoughtDelta, reports_thoughts
 from .chunker import SentenceChunker
 
 # -- What a turn reports ---------------------------------------------------------------------
@@ -33,6 +34,18 @@ class TurnStarted:
 
 @attrs.frozen(kw_only=True)
 class ReplyDelta:
+    turn: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Thought:
+    """A piece of the model's thinking summary, for a turn run with ``thoughts=True``.
+
+    Never part of the reply: not in :attr:`TurnResult.text`, the history the model reads
+    next, nor what is spoken.
+    """
+
     turn: str
     text: str
 
@@ -170,6 +183,7 @@ class TurnFinished:
 TurnEvent = (
     TurnStarted
     | ReplyDelta
+    | Thought
     | ReplyChunk
     | AudioStart
     | AudioData
@@ -231,6 +245,7 @@ class Turn:
         self._started = 0.0
         self._first_text: float | None = None
         self._first_audio: float | None = None
+        self._thoughts = False
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop generating and speaking; the turn ends interrupted with what was said so far."""
@@ -259,6 +274,7 @@ class Turn:
         heard_seconds: float | None = None,
         hear: Hear | None = None,
         run_first: Sequence[ToolCall] = (),
+        thoughts: bool = False,
     ) -> TurnResult:
         """Run the turn to its end and return how it ended.
 
@@ -271,7 +287,11 @@ class Turn:
                 started, its transcript becomes the person's words (reported as
                 :class:`Heard`); a cancel or a provider error during it ends the turn.
             run_first: Tool calls to run before the model is asked (a confirmed tool).
+            thoughts: Ask the model for its thinking summaries, reported as :class:`Thought`
+                in the order the model writes them (only a provider that reports thoughts,
+                see :class:`~runner.providers.LLM`, is asked; the others run as usual).
         """
+        self._thoughts = thoughts
         self._started = time.monotonic()
         await self._emit(TurnStarted(turn=self.id))
         if user is not None:
@@ -358,9 +378,13 @@ class Turn:
             calls: list[ToolCall] = []
             began = time.monotonic()
             round_text = ""
-            async with aclosing(_stream(plan.llm, messages, tools)) as events:
+            async with aclosing(_stream(plan.llm, messages, tools, thoughts=self._thoughts)) as events:
                 async for event in events:
-                    if isinstance(event, TextDelta):
+                    if isinstance(event, ThoughtDelta):
+                        # Reported only: never in the reply, the history or what is spoken.
+                        if self._thoughts and event.text:
+                            await self._emit(Thought(turn=self.id, text=event.text))
+                    elif isinstance(event, TextDelta):
                         round_text += event.text
                         await self._text(event.text, chunker, send_chunk)
                     elif isinstance(event, ToolCall):
@@ -449,9 +473,16 @@ def _tool_content(outcome: ToolOutcome) -> str:
     return json.dumps(outcome.result, default=str)
 
 
-async def _stream(llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> AsyncIterator[Any]:
+async def _stream(
+    llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, thoughts: bool = False
+) -> AsyncIterator[Any]:
     # One place owns the provider's iterator, so a cancelled turn always closes it.
-    async with aclosing(llm.stream(messages, tools)) as events:  # type: ignore[type-var]
+    # ``thoughts`` goes only to a provider that takes it; the LLM protocol stays as it is.
+    if thoughts and reports_thoughts(llm):
+        stream = llm.stream(messages, tools, thoughts=True)  # type: ignore[call-arg]
+    else:
+        stream = llm.stream(messages, tools)
+    async with aclosing(stream) as events:  # type: ignore[type-var]
         async for event in events:
             yield event
 

@@ -348,6 +348,16 @@ def _check_messages_body(body: Any) -> str | None:
         return "this fake only serves stream: true"
     if "system" in body and not isinstance(body["system"], str | list):
         return "system: Input should be a valid string"
+    if "thinking" in body:
+        thinking = body["thinking"]
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
+            return "thinking.type: Input should be 'enabled' or 'disabled'"
+        if thinking["type"] == "enabled":
+            budget = thinking.get("budget_tokens")
+            if not isinstance(budget, int) or budget < 1024:
+                return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+            if body["max_tokens"] <= budget:
+                return "`max_tokens` must be greater than `thinking.budget_tokens`"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "messages: at least one message is required"
@@ -414,6 +424,7 @@ def anthropic_events(events: Iterable[Mapping[str, Any]]) -> list[bytes]:
 
 def anthropic_message(
     *,
+    thinking_pieces: Sequence[str] = (),
     text_pieces: Sequence[str] = (),
     tool_uses: Sequence[tuple[str, str, Sequence[str]]] = (),
     input_tokens: int = 0,
@@ -422,8 +433,10 @@ def anthropic_message(
     model: str = "claude-sonnet-4-5-20250929",
     stop: bool = True,
 ) -> list[dict[str, Any]]:
-    """The events of one streamed message: optional text, then ``(id, name, json pieces)``
-    tool uses, then ``message_delta`` and (with ``stop``) ``message_stop``."""
+    """The events of one streamed message: an optional thinking block (its ``thinking_delta``
+    pieces, then a ``signature_delta``, as extended thinking streams them), optional text,
+    then ``(id, name, json pieces)`` tool uses, then ``message_delta`` and (with ``stop``)
+    ``message_stop``."""
     events: list[dict[str, Any]] = [
         {
             "type": "message_start",
@@ -446,6 +459,31 @@ def anthropic_message(
         {"type": "ping"},
     ]
     index = 0
+    if thinking_pieces:
+        events.append(
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+            }
+        )
+        events += [
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "thinking_delta", "thinking": p},
+            }
+            for p in thinking_pieces
+        ]
+        events.append(
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "signature_delta", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3h"},
+            }
+        )
+        events.append({"type": "content_block_stop", "index": index})
+        index += 1
     if text_pieces:
         events.append(
             {

@@ -29,6 +29,7 @@ from runner.providers import (
     Usage,
     make_llm,
 )
+from runner.providers._types import ThoughtDelta, reports_thoughts
 
 KEY = "sk-ant-test-Secret-0123456789"
 MODEL = "claude-sonnet-4-5-20250929"
@@ -306,3 +307,69 @@ async def test_missing_key_is_unauthorized(monkeypatch: pytest.MonkeyPatch) -> N
         await collect(AnthropicLLM("claude-sonnet-4-5"), HELLO)
     assert caught.value.code == "unauthorized"
     assert "ANTHROPIC_API_KEY" in str(caught.value)
+
+
+# -- Thinking summaries ----------------------------------------------------------------------
+
+
+async def test_thoughts_enable_thinking_and_stream_thought_deltas(fake: FakeAnthropic) -> None:
+    fake.enqueue(
+        sse_reply(
+            anthropic_events(
+                anthropic_message(
+                    thinking_pieces=["The user greets me", "; a short hello fits."],
+                    text_pieces=["Hello."],
+                    input_tokens=10,
+                    output_tokens=40,
+                )
+            )
+        )
+    )
+    llm = llm_for(fake)
+    assert reports_thoughts(llm)
+    events = [event async for event in llm.stream(HELLO, thoughts=True)]
+    assert events == [
+        ThoughtDelta(text="The user greets me"),
+        ThoughtDelta(text="; a short hello fits."),
+        TextDelta(text="Hello."),
+        Usage(model=MODEL, input_tokens=10, output_tokens=40),
+    ]
+    body = fake.requests[0].json()
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    assert body["max_tokens"] == 256 + 1024
+
+
+async def test_thinking_is_dropped_when_thoughts_were_not_asked(fake: FakeAnthropic) -> None:
+    fake.enqueue(
+        sse_reply(
+            anthropic_events(anthropic_message(thinking_pieces=["hidden"], text_pieces=["Hi."]))
+        )
+    )
+    events = await collect(llm_for(fake), HELLO)
+    assert [e for e in events if not isinstance(e, Usage)] == [TextDelta(text="Hi.")]
+    body = fake.requests[0].json()
+    assert "thinking" not in body
+    assert body["max_tokens"] == 256
+
+
+async def test_thoughts_after_a_tool_round_do_not_enable_thinking(fake: FakeAnthropic) -> None:
+    fake.enqueue(sse_reply(anthropic_events(anthropic_message(text_pieces=["Sunny."]))))
+    call = ToolCall(id="toolu_01A", name="get_weather", arguments={"city": "Paris"})
+    messages = [
+        *HELLO,
+        ChatMessage(role="assistant", content="", tool_calls=(call,)),
+        ChatMessage(role="tool", content="sunny", tool_call_id="toolu_01A"),
+    ]
+    events = [e async for e in llm_for(fake).stream(messages, (WEATHER,), thoughts=True)]
+    assert events[0] == TextDelta(text="Sunny.")
+    assert "thinking" not in fake.requests[0].json()
+
+
+def test_thinking_budget_has_the_api_minimum() -> None:
+    with pytest.raises(ValueError):
+        AnthropicLLM("claude-sonnet-4-5", api_key=KEY, thinking_budget_tokens=1000)
+    body = AnthropicLLM(
+        "claude-sonnet-4-5", api_key=KEY, max_tokens=500, thinking_budget_tokens=2000
+    ).request_body(HELLO, thoughts=True)
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2000}
+    assert body["max_tokens"] == 2500

@@ -16,7 +16,10 @@ It fails (``ProtocolViolation``) on the first frame that breaks the contract of
 * ``tool.start``/``tool.end`` come in pairs; ``tool.call`` and ``tool.confirm`` fall inside their
   call's pair; ``muted`` comes after the last ``audio.end`` and no window opens after it;
 * ``turn.done`` repeats the reply (``message`` is the text deltas joined), its spoken chunks,
-  and a spoken turn's ``heard``; ``interrupted.message`` is the text written before it stopped.
+  and a spoken turn's ``heard``; ``interrupted.message`` is the text written before it stopped;
+* ``thought.delta`` carries text and is never part of the reply: ``message`` leaves it out.
+  Whether it may come at all (the frame asked ``thoughts: true`` and the agent's
+  ``thinking_summaries`` is ``auto``) is the sender's to know: see ``thoughts_allowed``.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class _Turn:
     heard: str | None = None
     muted: bool = False
     replied: bool = False
+    thoughts: str = ""
 
 
 @attrs.define
@@ -106,6 +110,9 @@ class FrameChecker:
     window: tuple[int, int, int] | None = None  # (chunk, sample rate, bytes so far)
     last_type: str | None = None
     last_turn_done: str | None = None
+    #: ``False``: a test that never asked for thoughts (or whose agent allows none) fails on
+    #: any ``thought.delta``.
+    thoughts_allowed: bool = True
 
     def feed(self, message: str | bytes) -> dict[str, Any] | bytes:
         """Check one message; return it decoded (JSON frames) or as it is (audio)."""
@@ -185,7 +192,13 @@ class FrameChecker:
             turn.replied = True
         if self.window is not None and kind in ("audio.start", "muted", "turn.done", "interrupted"):
             self.fail(f"{kind} while the window of chunk {self.window[0]} is open", frame)
-        if kind == "text.delta":
+        if kind == "thought.delta":
+            if not self.thoughts_allowed:
+                self.fail("thought.delta where no thoughts were asked for or allowed", frame)
+            if not frame["text"]:
+                self.fail("an empty thought.delta", frame)
+            turn.thoughts += frame["text"]
+        elif kind == "text.delta":
             turn.text += frame["text"]
         elif kind == "text.chunk":
             if frame["chunk"] != turn.chunks:

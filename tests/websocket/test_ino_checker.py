@@ -23,6 +23,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "turn.start": {"turn": TURN, "session_id": "s"},
     "heard": {"turn": TURN, "text": "hello", "audio_seconds": 1.0},
+    "thought.delta": {"turn": TURN, "text": "They greet me. "},
     "text.delta": {"turn": TURN, "text": "Hi there. "},
     "text.chunk": {"turn": TURN, "chunk": 0, "text": "Hi there."},
     "audio.start": {"turn": TURN, "chunk": 0, "codec": "pcm_s16le", "sample_rate": 22050, "channels": 1},
@@ -82,6 +83,23 @@ def feed(steps: list[Step], *, seqs: dict[int, Any] | None = None) -> FrameCheck
         frame.update(fields)
         checker.feed(json.dumps(frame))
     return checker
+
+
+def _no_thoughts(steps: list[Step]) -> FrameChecker:
+    checker = FrameChecker(thoughts_allowed=False)
+    seq = 0
+    for step in steps:
+        assert not isinstance(step, bytes)
+        kind, fields = step
+        seq += 1
+        checker.feed(json.dumps({"type": kind, "seq": seq, **fields}))
+    return checker
+
+
+def test_thoughts_are_read_apart_from_the_reply() -> None:
+    checker = feed([f("ready"), f("turn.start"), f("thought.delta", text="Hm, "), f("thought.delta", text="noon."), f("text.delta", text="Hi."), f("turn.done", message="Hi.", chunks_spoken=0)])
+    checker.finish()
+    assert [x["text"] for x in checker.of_type("thought.delta")] == ["Hm, ", "noon."]
 
 
 def test_a_valid_stream_passes_and_is_read_back() -> None:
@@ -148,6 +166,9 @@ BROKEN: list[tuple[str, Callable[[], FrameChecker], str]] = [
     ("turn.done whose heard is not the heard", lambda: feed([f("ready"), f("turn.start"), f("heard"), f("turn.done", message="", chunks_spoken=0, heard="bye")]), "not the heard text"),
     ("relation not just after its turn.done", lambda: feed([*typed_turn(), ("pong", {}), f("transcript"), f("relation")]), "relation comes just after"),
     ("compacted inside a turn", lambda: feed([f("ready"), f("turn.start"), f("compacted")]), "compacted arrived inside a turn"),
+    ("a thought.delta that was not asked for", lambda: _no_thoughts([f("ready"), f("turn.start"), f("thought.delta")]), "no thoughts were asked for"),
+    ("an empty thought.delta", lambda: feed([f("ready"), f("turn.start"), f("thought.delta", text="")]), "an empty thought.delta"),
+    ("turn.done that counts a thought as reply", lambda: feed([f("ready"), f("turn.start"), f("thought.delta", text="Hm."), f("turn.done", message="Hm.", chunks_spoken=0)]), "not the text deltas joined"),
     ("an error naming a turn that is not running", lambda: feed([f("ready"), f("error", turn=TURN)]), "which is not running"),
     ("a bad sample rate", lambda: feed([f("ready", audio={"codec": "pcm_s16le", "sample_rate": 12345, "channels": 1})]), "12345 is not one of"),
 ]
