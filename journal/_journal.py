@@ -14,8 +14,8 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +143,11 @@ def _window(conn: sqlite3.Connection) -> Window:
         conn.execute("COMMIT")
 
 
-def _read_lines(
-    conn: sqlite3.Connection, after: int, limit: int, producer: str | None = None, klass: str | None = None
-) -> list[tuple[int, str]]:
-    sql = f"SELECT envelope, {_LINE_SQL} FROM records WHERE envelope > ?"
+def _after(
+    columns: str, after: int, limit: int, producer: str | None, klass: str | None
+) -> tuple[str, list[Any]]:
+    """The query for records after ``after``, optionally of one producer or class."""
+    sql = f"SELECT {columns} FROM records WHERE envelope > ?"
     args: list[Any] = [after]
     if producer is not None:
         sql += " AND producer = ?"
@@ -154,22 +155,19 @@ def _read_lines(
     if klass is not None:
         sql += " AND class = ?"
         args.append(klass)
-    return conn.execute(sql + " ORDER BY envelope LIMIT ?", [*args, limit]).fetchall()
+    return sql + " ORDER BY envelope LIMIT ?", [*args, limit]
+
+
+def _read_lines(
+    conn: sqlite3.Connection, after: int, limit: int, producer: str | None = None, klass: str | None = None
+) -> list[tuple[int, str]]:
+    return conn.execute(*_after(f"envelope, {_LINE_SQL}", after, limit, producer, klass)).fetchall()
 
 
 def _read_records(
     conn: sqlite3.Connection, after: int, limit: int, producer: str | None, klass: str | None
 ) -> list[Record]:
-    sql = "SELECT envelope, producer, seq, class, at, body FROM records WHERE envelope > ?"
-    args: list[Any] = [after]
-    if producer is not None:
-        sql += " AND producer = ?"
-        args.append(producer)
-    if klass is not None:
-        sql += " AND class = ?"
-        args.append(klass)
-    sql += " ORDER BY envelope LIMIT ?"
-    args.append(limit)
+    sql, args = _after("envelope, producer, seq, class, at, body", after, limit, producer, klass)
     return [Record.from_row(row) for row in conn.execute(sql, args)]
 
 
@@ -181,6 +179,32 @@ def _open_producers(conn: sqlite3.Connection, exclude: Sequence[str]) -> list[st
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 # As SQLite's json_object() writes a string: non-ASCII characters as they are.
 _encode_name = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class ReaderPool:
+    """Read-only connections, one per worker thread at a time.
+
+    Each read runs in a thread on a free connection and holds it (and any read
+    transaction) only for that one call: nobody waits inside a transaction.
+    """
+
+    def __init__(self, connections: list[sqlite3.Connection]) -> None:
+        self.connections = connections
+        self._free = list(connections)
+        self._slots = trio.Semaphore(len(connections))
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        """``fn(conn, *args)`` on a free connection, in a worker thread."""
+        async with self._slots:
+
+            def run() -> Any:
+                conn = self._free.pop()
+                try:
+                    return fn(conn, *args)
+                finally:
+                    self._free.append(conn)
+
+            return await trio.to_thread.run_sync(run)
 
 
 @attrs.define(kw_only=True)
@@ -289,8 +313,7 @@ class Journal:
     def __init__(self, path: Path, writer: _Writer, readers: list[sqlite3.Connection]) -> None:
         self.path = path
         self._writer = writer
-        self._readers = readers
-        self._reader_slots = trio.Semaphore(len(readers))
+        self._readers = ReaderPool(readers)
         self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
         self._head = writer.head
         self._changed = trio.Event()
@@ -422,25 +445,9 @@ class Journal:
         while self._head <= cursor:
             await self._changed.wait()
 
-    @contextmanager
-    def _reader(self) -> Iterator[sqlite3.Connection]:
-        conn = self._readers.pop()
-        try:
-            yield conn
-        finally:
-            self._readers.append(conn)
-
-    async def _run_read(self, fn: Any, *args: Any) -> Any:
-        async with self._reader_slots:
-            def run() -> Any:
-                with self._reader() as conn:
-                    return fn(conn, *args)
-
-            return await trio.to_thread.run_sync(run)
-
     async def window(self) -> Window:
         """The oldest retained envelope and the head, as committed."""
-        return await self._run_read(_window)
+        return await self._readers.run(_window)
 
     async def check_cursor(self, cursor: int) -> None:
         """Raise if a reader cannot resume after ``cursor``.
@@ -472,7 +479,7 @@ class Journal:
         if recent and recent[0][0] <= after + 1:
             start = after + 1 - recent[0][0]
             return list(itertools.islice(recent, start, start + limit))
-        rows: list[tuple[int, str]] = await self._run_read(_read_lines, after, limit)
+        rows: list[tuple[int, str]] = await self._readers.run(_read_lines, after, limit)
         if rows and after > 0 and rows[0][0] != after + 1:
             raise CursorTooOld(after, rows[0][0])
         return rows
@@ -486,11 +493,11 @@ class Journal:
         cls: str | None = None,
     ) -> list[Record]:
         """Committed records after ``after``, optionally of one producer or class."""
-        return await self._run_read(_read_records, after, limit, producer, cls)
+        return await self._readers.run(_read_records, after, limit, producer, cls)
 
     async def open_producers(self, *, exclude: Sequence[str] = ()) -> list[str]:
         """Producers whose terminal record (``closes=True``) was never written."""
-        return await self._run_read(_open_producers, exclude)
+        return await self._readers.run(_open_producers, exclude)
 
 
 @asynccontextmanager

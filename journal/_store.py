@@ -15,15 +15,15 @@ import hmac
 import json
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
-from ._journal import _connect, migrate, now_ms
+from ._journal import ReaderPool, _connect, migrate, now_ms
 
 _READ_POOL = 2
 
@@ -448,29 +448,11 @@ class AgentStore:
     def __init__(self, writer: sqlite3.Connection, readers: list[sqlite3.Connection]) -> None:
         self._writer = writer
         self._write_lock = trio.Lock()
-        self._readers = readers
-        self._reader_slots = trio.Semaphore(len(readers))
+        self._readers = ReaderPool(readers)
 
     async def _write(self, fn: Any, *args: Any) -> Any:
         async with self._write_lock:
             return await trio.to_thread.run_sync(_in_transaction, self._writer, fn, *args)
-
-    @contextmanager
-    def _reader(self) -> Iterator[sqlite3.Connection]:
-        conn = self._readers.pop()
-        try:
-            yield conn
-        finally:
-            self._readers.append(conn)
-
-    async def _read(self, fn: Any, *args: Any) -> Any:
-        async with self._reader_slots:
-
-            def run() -> Any:
-                with self._reader() as conn:
-                    return fn(conn, *args)
-
-            return await trio.to_thread.run_sync(run)
 
     async def insert_token(
         self, *, token_id: str, token_sha256: str, end_user_id: str, expires_at: int, credit_limit: float | None
@@ -480,7 +462,7 @@ class AgentStore:
 
     async def find_token(self, token_id: str, token_sha256: str) -> TokenRow | None:
         """The token with this id, if its digest matches (compared in constant time)."""
-        return await self._read(_find_token, token_id, token_sha256)
+        return await self._readers.run(_find_token, token_id, token_sha256)
 
     async def revoke_token(self, token_id: str) -> bool:
         """Revoke a token; False when there is no such token (revoking twice is no error)."""
@@ -490,7 +472,7 @@ class AgentStore:
         return await self._write(_insert_conversation, conversation_id, agent_id, end_user_id, now_ms())
 
     async def get_conversation(self, conversation_id: str) -> ConversationRow | None:
-        return await self._read(_get_conversation, conversation_id)
+        return await self._readers.run(_get_conversation, conversation_id)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Mark a conversation deleted and drop its messages; False if already gone."""
@@ -504,7 +486,7 @@ class AgentStore:
 
     async def load_messages(self, conversation_id: str) -> list[StoredMessage]:
         """Every message of a conversation, oldest first."""
-        return await self._read(_load_messages, conversation_id)
+        return await self._readers.run(_load_messages, conversation_id)
 
 
     # -- Knowledge, summaries, relations, usage ------------------------------------------------
@@ -515,10 +497,10 @@ class AgentStore:
 
     async def search_knowledge(self, agent_id: str, query: str, *, limit: int = 3) -> list[KnowledgeHit]:
         """The agent's entries sharing words with ``query``, best first (SQLite FTS5, bm25)."""
-        return await self._read(_search_knowledge, agent_id, query, limit)
+        return await self._readers.run(_search_knowledge, agent_id, query, limit)
 
     async def latest_summary(self, conversation_id: str) -> SummaryRow | None:
-        return await self._read(_latest_summary, conversation_id)
+        return await self._readers.run(_latest_summary, conversation_id)
 
     async def add_summary(self, conversation_id: str, *, after_position: int, summary: str, trigger: str) -> None:
         """Keep a summary of the conversation's messages up to ``after_position``."""
@@ -526,10 +508,10 @@ class AgentStore:
 
     async def relation(self, agent_id: str, end_user_id: str) -> RelationRow | None:
         """The agent's standing relationship with a person; None if they never had a conversation."""
-        return await self._read(_relation, agent_id, end_user_id)
+        return await self._readers.run(_relation, agent_id, end_user_id)
 
     async def relations(self, agent_id: str) -> list[RelationRow]:
-        return await self._read(_relations, agent_id)
+        return await self._readers.run(_relations, agent_id)
 
     async def record_relation(self, agent_id: str, end_user_id: str, note: str, *, turn_id: str | None) -> RelationRow | None:
         """Add what the agent recorded about a person; return the relationship as it now stands."""
@@ -543,11 +525,11 @@ class AgentStore:
 
     async def runner_spent(self) -> float:
         """Credits every token of this runner has spent."""
-        return await self._read(_runner_spent)
+        return await self._readers.run(_runner_spent)
 
     async def usage_of(self, conversation_id: str) -> list[UsageRow]:
         """A conversation's usage rows, oldest first."""
-        return await self._read(_usage_of, conversation_id)
+        return await self._readers.run(_usage_of, conversation_id)
 
 
 @asynccontextmanager
