@@ -5,9 +5,8 @@
 1. Append throughput: P concurrent producers appending through ``Journal.append``,
    against raw ``sqlite3`` inserts into an equivalent table with the same durability
    (WAL, ``synchronous = FULL``, one transaction per batch) at the batch size the
-   journal's group commit reached. Groups are counted from the outside: a watcher
-   task waits on ``Journal.wait_past`` (as a stream follower does) and counts head
-   changes, one per committed transaction.
+   journal's group commit reached (records / ``Journal.commits``, the transactions
+   its writer committed).
 2. Stream throughput to 1 and 10 followers of ``GET /v1/runner/events`` on a real
    in-process runner, against followers reading ``Journal.read_lines`` in-process.
 3. Append-to-delivery latency (p50, p99) at a paced rate, same two readers.
@@ -37,7 +36,6 @@ from typing import Any
 
 import attrs
 import trio
-import trio.testing
 
 from journal import DEFAULT_RETENTION_RECORDS, Journal, now_ms, open_journal
 from runner.config import Config
@@ -114,42 +112,27 @@ def _body(i: int, **extra: Any) -> dict[str, Any]:
 
 
 async def _journal_trial(path: Path, *, producers: int, records: int, seconds: float) -> dict[str, Any]:
-    """P tasks append ``records`` in all (or until ``seconds`` pass); count commits from outside."""
+    """P tasks append ``records`` in all (or until ``seconds`` pass); the journal counts its commits."""
     per_producer = math.ceil(records / producers)
     done = 0
-    commits = 0
     with trio.fail_after(seconds + 60):
         async with open_journal(path) as journal:
+            budget = Budget(records, seconds)
 
-            async def watch_commits() -> None:
-                nonlocal commits
-                cursor = journal.head
-                while True:
-                    await journal.wait_past(cursor)
-                    commits += 1
-                    cursor = journal.head
+            async def produce(k: int) -> None:
+                nonlocal done
+                name = f"p{k}"
+                for i in range(per_producer):
+                    if budget.expired():
+                        return
+                    await journal.append(name, "conversation", _body(i))
+                    done += 1
 
-            async with trio.open_nursery() as outer:
-                outer.start_soon(watch_commits)
-                await trio.testing.wait_all_tasks_blocked()
-                budget = Budget(records, seconds)
-
-                async def produce(k: int) -> None:
-                    nonlocal done
-                    name = f"p{k}"
-                    for i in range(per_producer):
-                        if budget.expired():
-                            return
-                        await journal.append(name, "conversation", _body(i))
-                        done += 1
-
-                async with trio.open_nursery() as producers_nursery:
-                    for k in range(producers):
-                        producers_nursery.start_soon(produce, k)
-                elapsed = time.perf_counter() - budget.started
-                # Let the watcher see the last commit before it is stopped.
-                await trio.testing.wait_all_tasks_blocked()
-                outer.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                for k in range(producers):
+                    nursery.start_soon(produce, k)
+            elapsed = time.perf_counter() - budget.started
+            commits = journal.commits
     return {
         "records": done,
         "seconds": elapsed,

@@ -1,25 +1,38 @@
 """The embedded journal: one SQLite file in WAL mode, one writer, many readers.
 
-Appends queue to a single writer task that commits whatever is waiting as one
+Appends queue to a single writer thread that commits whatever is waiting as one
 transaction (group commit), so a burst of concurrent appenders costs one fsync.
 An append returns only after its transaction committed, and followers are woken
 only then: nothing is ever streamed that a crash could take back.
+
+The writer is a plain thread, not a Trio task handing batches to ``to_thread``: an
+appender's record goes straight onto the thread's queue, the thread reports each
+commit back with ``run_sync_soon``, and while it waits on SQLite (which releases the
+GIL) the Trio loop keeps taking appends for the next batch.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import json
-import math
+import queue
 import sqlite3
+import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from json.encoder import (  # type: ignore[attr-defined]
+    c_make_encoder,
+    encode_basestring,
+    encode_basestring_ascii,
+)
 from typing import Any
 
 import attrs
+import outcome
 import trio
 from sqlite_utils import Database
 
@@ -176,9 +189,22 @@ def _open_producers(conn: sqlite3.Connection, exclude: Sequence[str]) -> list[st
     return [row[0] for row in rows if row[0] not in exclude]
 
 
-_encode = json.JSONEncoder(separators=(",", ":")).encode
-# As SQLite's json_object() writes a string: non-ASCII characters as they are.
-_encode_name = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+def _no_default(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# What json.dumps(value, separators=(",", ":"), allow_nan=False) writes, without building an
+# encoder per call (half the cost of an append's encoding). NaN and infinities are refused:
+# SQLite's JSON functions, which build the stream's lines from the file, would reject them.
+_encode_chunks = c_make_encoder(None, _no_default, encode_basestring_ascii, None, ":", ",", False, False, False)
+
+
+def _encode(value: Any) -> str:
+    return "".join(_encode_chunks(value, 0))
+
+
+# A string as SQLite's json_object() writes it: non-ASCII characters as they are.
+_quote = encode_basestring
 
 
 class ReaderPool:
@@ -207,7 +233,7 @@ class ReaderPool:
             return await trio.to_thread.run_sync(run)
 
 
-@attrs.define(kw_only=True)
+@attrs.define
 class _Pending:
     producer: str
     cls: str
@@ -217,14 +243,49 @@ class _Pending:
     encoded: str
     stamp: bool
     closes: bool
-    # Shared by every record of one batch: set once the batch committed (or failed).
-    done: trio.Event
-    record: Record | None = None
-    error: BaseException | None = None
+    # The appender waiting for this record; None once it stopped waiting (it was cancelled).
+    task: trio.lowlevel.Task | None
+
+    def abandon(self, _: Any) -> trio.lowlevel.Abort:
+        """The appender was cancelled: the record is still written, nobody is told."""
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+# Put on the writer's queue after the last append: the thread commits what is before it and ends.
+_STOP = object()
+
+
+_INSERT_CHUNK = 256  # rows per INSERT at most: 1,536 parameters, well under SQLite's limit
+
+
+@functools.cache
+def _insert_sql(rows: int) -> str:
+    values = ",".join(["(?, ?, ?, ?, ?, ?)"] * rows)
+    return f"INSERT INTO records (envelope, producer, seq, class, at, body) VALUES {values}"
+
+
+def _insert_records(rows: list[tuple[Any, ...]]) -> Iterator[tuple[str, list[Any]]]:
+    """INSERT statements for ``rows``, in chunks of a power of two (so few distinct statements)."""
+    start, size = 0, _INSERT_CHUNK
+    while start < len(rows):
+        while size > len(rows) - start:
+            size //= 2
+        chunk = rows[start : start + size]
+        yield _insert_sql(size), list(itertools.chain.from_iterable(chunk))
+        start += size
+
+
+# The producers a batch touched, as one JSON object {producer: last seq}: one statement per batch.
+_UPSERT_PRODUCERS = (
+    "INSERT INTO producers (producer, last_seq) SELECT key, value FROM json_each(?) WHERE true"
+    " ON CONFLICT (producer) DO UPDATE SET last_seq = excluded.last_seq"
+)
+_CLOSE_PRODUCERS = "UPDATE producers SET closed = 1 WHERE producer IN (SELECT value FROM json_each(?))"
 
 
 class _Writer:
-    """The one connection that writes. Used only from the writer task's thread calls."""
+    """The one connection that writes. Used only from the writer thread."""
 
     def __init__(self, conn: sqlite3.Connection, retention_records: int) -> None:
         self.conn = conn
@@ -241,14 +302,19 @@ class _Writer:
             last = row[0] if row else 0
         return last + 1
 
-    def write(self, batch: Sequence[_Pending]) -> tuple[list[Record], list[tuple[int, str]]]:
-        """Commit ``batch`` as one transaction; return its records and their stream lines."""
+    def write(self, batch: Sequence[_Pending]) -> tuple[list[Record], list[str], int]:
+        """Commit ``batch`` as one transaction.
+
+        Returns:
+            Its records, their stream lines, and the lines' total length.
+        """
         at = now_ms()
         envelope = self.head
         seqs: dict[str, int] = {}
         rows = []
         records = []
-        lines: list[tuple[int, str]] = []
+        lines: list[str] = []
+        size = 0
         closed = []
         for item in batch:
             seq = seqs.get(item.producer) or self._next_seq(item.producer)
@@ -265,30 +331,24 @@ class _Writer:
             records.append(
                 Record(envelope=envelope, producer=item.producer, seq=seq, cls=item.cls, at=at, body=body)
             )
-            lines.append(
-                (
-                    envelope,
-                    f'{{"envelope":{envelope},"producer":{_encode_name(item.producer)},"seq":{seq},'
-                    f'"class":{_encode_name(item.cls)},"at":{at},"body":{text}}}',
-                )
+            line = (
+                f'{{"envelope":{envelope},"producer":{_quote(item.producer)},"seq":{seq},'
+                f'"class":{_quote(item.cls)},"at":{at},"body":{text}}}'
             )
+            lines.append(line)
+            size += len(line)
             if item.closes:
                 closed.append(item.producer)
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.executemany(
-                "INSERT INTO records (envelope, producer, seq, class, at, body) VALUES (?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            conn.executemany(
-                "INSERT INTO producers (producer, last_seq) VALUES (?, ?)"
-                " ON CONFLICT (producer) DO UPDATE SET last_seq = excluded.last_seq",
-                [(producer, seq - 1) for producer, seq in seqs.items()],
-            )
-            conn.executemany(
-                "UPDATE producers SET closed = 1 WHERE producer = ?", [(p,) for p in closed]
-            )
+            # Few statements, each stepping through many rows: the GIL is released once per
+            # statement rather than once per row, so the writer seldom waits for the loop.
+            for sql, params in _insert_records(rows):
+                conn.execute(sql, params)
+            conn.execute(_UPSERT_PRODUCERS, (_encode({p: seq - 1 for p, seq in seqs.items()}),))
+            if closed:
+                conn.execute(_CLOSE_PRODUCERS, (_encode(closed),))
             conn.execute(
                 "DELETE FROM records WHERE envelope <= ?", (envelope - self.retention_records,)
             )
@@ -299,14 +359,73 @@ class _Writer:
         self.head = envelope
         for producer, seq in seqs.items():
             self.seqs[producer] = seq - 1
-        return records, lines
+        return records, lines, size
+
+
+class _RecentLines:
+    """The newest stream lines, in memory, so followers near the head need no SQL.
+
+    Kept as one chunk per commit (its first envelope, its lines), so that a commit
+    costs the window the same small work however many records it holds. Holds at
+    most ``max_lines`` lines, so never a record the file has pruned, and about
+    ``max_bytes`` of them (the newest commit is kept whatever its size).
+    """
+
+    def __init__(self, max_lines: int, max_bytes: int) -> None:
+        self.max_lines = max_lines
+        self.max_bytes = max_bytes
+        self._chunks: collections.deque[tuple[int, list[str], int]] = collections.deque()
+        self._lines = 0
+        self._bytes = 0
+
+    def add(self, first: int, lines: list[str], size: int) -> None:
+        """Keep the lines of envelopes ``first``, ``first + 1``, ... (``size``: their total length)."""
+        chunks = self._chunks
+        chunks.append((first, lines, size))
+        self._lines += len(lines)
+        self._bytes += size
+        while len(chunks) > 1 and self._bytes > self.max_bytes:
+            _, old, old_size = chunks.popleft()
+            self._lines -= len(old)
+            self._bytes -= old_size
+        while self._lines > self.max_lines:
+            first, old, old_size = chunks.popleft()
+            excess = self._lines - self.max_lines
+            if excess >= len(old):
+                self._lines -= len(old)
+                self._bytes -= old_size
+                continue
+            # Only part of the oldest commit goes.
+            gone = sum(map(len, old[:excess]))
+            chunks.appendleft((first + excess, old[excess:], old_size - gone))
+            self._lines -= excess
+            self._bytes -= gone
+
+    def get(self, after: int, limit: int) -> list[tuple[int, str]] | None:
+        """Up to ``limit`` ``(envelope, line)`` pairs after ``after``; None if they start before the window."""
+        chunks = self._chunks
+        if not chunks or chunks[0][0] > after + 1:
+            return None
+        # Followers are mostly near the head: look from the newest commit back.
+        i = len(chunks) - 1
+        while chunks[i][0] > after + 1:
+            i -= 1
+        found: list[tuple[int, str]] = []
+        start = after + 1 - chunks[i][0]
+        while i < len(chunks) and len(found) < limit:
+            first, lines, _ = chunks[i]
+            part = lines[start : start + limit - len(found)]
+            found.extend(zip(range(first + start, first + start + len(part)), part))
+            start = 0
+            i += 1
+        return found
 
 
 class Journal:
     """The runner's journal. Open it with :func:`open_journal`.
 
-    Appends from any task; one writer commits them in groups. Readers run short
-    read transactions on a small pool of connections and wait for new records
+    Appends from any task; one writer thread commits them in groups. Readers run
+    short read transactions on a small pool of connections and wait for new records
     outside any transaction, so checkpoints are never starved.
     """
 
@@ -314,12 +433,13 @@ class Journal:
         self.path = path
         self._writer = writer
         self._readers = ReaderPool(readers)
-        self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._head = writer.head
+        self.commits = 0
+        """Transactions committed since the journal opened (each one fsync)."""
         self._changed = trio.Event()
-        self._next_done = trio.Event()
-        self._recent: collections.deque[tuple[int, str]] = collections.deque()
-        self._recent_bytes = 0
+        self._stopped = trio.Event()
+        self._recent = _RecentLines(min(writer.retention_records, _RECENT_LINES), _RECENT_BYTES)
         self._closed = False
 
     @property
@@ -342,6 +462,9 @@ class Journal:
     ) -> Record:
         """Write one record and return it once it is durable.
 
+        Once queued, the record is written whether or not the caller is cancelled; a
+        cancelled appender just does not learn how it fared.
+
         Args:
             producer: ``runner`` or a session id.
             cls: The record class, for example ``lifecycle`` or ``conversation``.
@@ -353,6 +476,7 @@ class Journal:
             JournalClosed: The journal is shutting down.
         """
         if self._closed:
+            await trio.lowlevel.checkpoint()
             raise JournalClosed("the journal is closed")
         if stamp:
             encoded = _encode({k: v for k, v in body.items() if k != "type"})
@@ -360,85 +484,98 @@ class Journal:
             encoded = _encode(body)
         if not encoded.startswith("{"):
             raise TypeError("a record's body must be a JSON object")
-        pending = _Pending(
-            producer=producer, cls=cls, body=body, encoded=encoded, stamp=stamp, closes=closes, done=self._next_done
-        )
-        try:
-            self._send.send_nowait(pending)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise JournalClosed("the journal is closed") from None
-        # Once queued, the record is written whether or not we are cancelled; a cancelled
-        # appender just does not learn how it fared.
-        await pending.done.wait()
-        if pending.error is not None:
-            if isinstance(pending.error, JournalClosed):
-                # Closed because we are being cancelled: say that, not the closing.
-                await trio.lowlevel.checkpoint_if_cancelled()
-            raise pending.error
-        assert pending.record is not None
-        return pending.record
+        pending = _Pending(producer, cls, body, encoded, stamp, closes, trio.lowlevel.current_task())
+        self._queue.put(pending)
+        record: Record = await trio.lowlevel.wait_task_rescheduled(pending.abandon)
+        return record
 
     async def serve_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Commit queued appends in groups until the journal closes."""
-        task_status.started()
-        async with self._receive:
-            try:
-                while True:
-                    try:
-                        batch = [await self._receive.receive()]
-                    except trio.EndOfChannel:
-                        return
-                    # Everything queued goes in this batch: its appenders share one event, and
-                    # appends from now on get the next one.
-                    while True:
-                        try:
-                            batch.append(self._receive.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                    done, self._next_done = self._next_done, trio.Event()
-                    await self._commit(batch)
-                    done.set()
-            finally:
-                # Cancelled (or closed): no append may wait for a writer that is gone.
-                self._closed = True
-                while True:
-                    try:
-                        pending = self._receive.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    pending.error = JournalClosed("the journal closed before this record was written")
-                self._next_done.set()
+        """Run the writer thread until the journal closes.
 
-    async def _commit(self, batch: list[_Pending]) -> None:
+        Cancelled, it closes the journal and still waits for the thread to commit what
+        was queued, so every appender learns how its record fared.
+        """
+        thread = threading.Thread(
+            target=self._write_until_stopped,
+            args=(trio.lowlevel.current_trio_token(),),
+            name=f"journal writer ({self.path.name})",
+            daemon=True,
+        )
+        thread.start()
+        task_status.started()
         try:
-            # Shielded: a batch taken off the queue is written even when the writer is being
-            # cancelled, so every appender learns how its record fared.
+            await self._stopped.wait()
+        finally:
+            self.close_nowait()
             with trio.CancelScope(shield=True):
-                records, lines = await trio.to_thread.run_sync(self._writer.write, batch)
-        except Exception as exc:
+                await self._stopped.wait()
+                await trio.to_thread.run_sync(thread.join)
+
+    def _write_until_stopped(self, token: trio.lowlevel.TrioToken) -> None:
+        """The writer thread: commit whatever is queued, one transaction at a time."""
+        try:
+            stop = False
+            while not stop:
+                item = self._queue.get()
+                if item is _STOP:
+                    break
+                batch = [item]
+                # Everything queued now goes in this batch: one transaction, one fsync.
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    batch.append(item)
+                try:
+                    result: outcome.Outcome[Any] = outcome.Value(self._writer.write(batch))
+                except Exception as exc:
+                    result = outcome.Error(exc)
+                token.run_sync_soon(self._committed, batch, result)
+        finally:
+            # Run after every _committed above (run_sync_soon keeps order).
+            token.run_sync_soon(self._writer_stopped)
+
+    def _committed(self, batch: list[_Pending], result: outcome.Outcome[Any]) -> None:
+        """In the Trio thread, once a batch committed (or failed): wake followers, then appenders."""
+        if isinstance(result, outcome.Error):
             for item in batch:
-                item.error = exc
+                if item.task is not None:
+                    trio.lowlevel.reschedule(item.task, result)
             return
-        for item, record in zip(batch, records, strict=True):
-            item.record = record
-        self._remember(lines)
+        records, lines, size = result.unwrap()
+        # Followers read the newest lines from memory: one SQL read per commit, not per follower.
+        self._recent.add(records[0].envelope, lines, size)
         self._head = records[-1].envelope
+        self.commits += 1
         self._changed.set()
         self._changed = trio.Event()
+        for item, record in zip(batch, records, strict=True):
+            if item.task is not None:
+                trio.lowlevel.reschedule(item.task, outcome.Value(record))
 
-    def _remember(self, lines: list[tuple[int, str]]) -> None:
-        # Followers read the newest lines from memory: one SQL read per commit, not per follower.
-        recent = self._recent
-        recent.extend(lines)
-        self._recent_bytes += sum(len(line) for _, line in lines)
-        limit = min(self._writer.retention_records, _RECENT_LINES)
-        while recent and (len(recent) > limit or self._recent_bytes > _RECENT_BYTES):
-            self._recent_bytes -= len(recent.popleft()[1])
+    def _writer_stopped(self) -> None:
+        # Nothing should be left, but a writer thread that died must not leave appenders waiting.
+        self._closed = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP and item.task is not None:
+                trio.lowlevel.reschedule(
+                    item.task, outcome.Error(JournalClosed("the journal closed before this record was written"))
+                )
+        self._stopped.set()
 
     def close_nowait(self) -> None:
-        """Take no more appends; the writer finishes what is queued, then returns."""
-        self._closed = True
-        self._send.close()
+        """Take no more appends; the writer commits what is queued, then stops."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_STOP)
 
     async def wait_past(self, cursor: int) -> None:
         """Wait until a record after ``cursor`` has been committed."""
@@ -474,11 +611,10 @@ class Journal:
             CursorTooOld: The record right after ``after`` was pruned (``after`` > 0).
         """
         await trio.lowlevel.checkpoint()
-        # No checkpoint between finding the start and slicing: a commit may evict old lines.
-        recent = self._recent
-        if recent and recent[0][0] <= after + 1:
-            start = after + 1 - recent[0][0]
-            return list(itertools.islice(recent, start, start + limit))
+        # No checkpoint between this and the slice it returns: a commit may evict old lines.
+        lines = self._recent.get(after, limit)
+        if lines is not None:
+            return lines
         rows: list[tuple[int, str]] = await self._readers.run(_read_lines, after, limit)
         if rows and after > 0 and rows[0][0] != after + 1:
             raise CursorTooOld(after, rows[0][0])

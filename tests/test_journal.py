@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
-from journal import CursorAhead, CursorTooOld, JournalFile, open_journal
+from journal import CursorAhead, CursorTooOld, JournalClosed, JournalFile, open_journal
 
 
 async def test_concurrent_appends_are_gapless_and_seq_is_per_producer(tmp_path: Path) -> None:
@@ -191,3 +192,100 @@ async def test_followers_miss_nothing_while_old_lines_are_evicted(tmp_path: Path
                     writers.start_soon(write, total // 30)
     for into in seen:
         assert into == list(range(1, total + 1))
+
+
+async def test_the_memory_window_serves_exactly_what_the_file_holds(tmp_path: Path) -> None:
+    # Commits of uneven sizes against a small retention: the window drops whole and partial
+    # commits, and whatever it serves must match the file, line for line, from every cursor.
+    path = tmp_path / "j.db"
+    async with open_journal(path, retention_records=10) as journal:
+        for size in (3, 1, 7, 2, 12, 1, 5):
+            async with trio.open_nursery() as nursery:
+                for k in range(size):
+                    nursery.start_soon(journal.append, f"p{k}", "c", {"size": size, "k": k})
+        head = journal.head
+        assert head == 31
+        cold = JournalFile(path)
+        try:
+            window = cold.window()
+            assert (window.oldest, window.head) == (22, 31)
+            for after in range(window.oldest - 1, head + 1):
+                assert await journal.read_lines(after, 4) == cold.read_lines(after, 4)
+            with pytest.raises(CursorTooOld):
+                await journal.read_lines(window.oldest - 2)
+        finally:
+            cold.close()
+
+
+async def test_a_cancelled_appender_still_gets_its_record_written(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await journal.append("p", "c", {"n": 1})
+        assert scope.cancelled_caught
+        record = await journal.append("p", "c", {"n": 2})
+        assert (record.envelope, record.seq) == (2, 2)
+        assert [r.body for r in await journal.read(0)] == [{"n": 1}, {"n": 2}]
+
+
+async def test_closing_commits_what_is_queued_then_refuses(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    got: list[int] = []
+    async with trio.open_nursery() as nursery:
+        async with open_journal(path) as journal:
+
+            async def append(n: int) -> None:
+                got.append((await journal.append("p", "c", {"n": n})).envelope)
+
+            for n in range(20):
+                nursery.start_soon(append, n)
+            await trio.testing.wait_all_tasks_blocked()
+            journal.close_nowait()
+            with pytest.raises(JournalClosed):
+                await journal.append("p", "c", {"late": True})
+    assert sorted(got) == list(range(1, 21))
+    cold = JournalFile(path)
+    try:
+        assert len(cold.read(0, 100)) == 20
+    finally:
+        cold.close()
+
+
+async def test_a_failed_transaction_fails_its_appends_and_the_journal_goes_on(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path) as journal:
+        await journal.append("p", "c", {"n": 1})
+        # Another connection holds the write lock past the writer's busy timeout.
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        blocker.execute("PRAGMA busy_timeout = 0")
+        blocker.execute("BEGIN IMMEDIATE")
+        journal._writer.conn.execute("PRAGMA busy_timeout = 50")
+        with pytest.raises(sqlite3.OperationalError):
+            await journal.append("p", "c", {"n": 2})
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        record = await journal.append("p", "c", {"n": 3})
+        # The failed record took neither an envelope nor a seq.
+        assert (record.envelope, record.seq) == (2, 2)
+        assert journal.head == 2
+
+
+async def test_a_body_json_cannot_carry_is_refused(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        with pytest.raises(ValueError):
+            await journal.append("p", "c", {"x": float("nan")})
+        with pytest.raises(TypeError):
+            await journal.append("p", "c", ["not", "an", "object"])  # type: ignore[arg-type]
+        assert journal.head == 0
+
+
+async def test_commits_counts_transactions(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        await journal.append("p", "c", {})
+        assert journal.commits == 1
+        async with trio.open_nursery() as nursery:
+            for _ in range(50):
+                nursery.start_soon(journal.append, "p", "c", {})
+        assert journal.head == 51
+        # Fifty appenders that queued together share far fewer than fifty fsyncs.
+        assert 2 <= journal.commits <= 10
