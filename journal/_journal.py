@@ -51,7 +51,7 @@ _LINE_SQL = (
 )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class Record:
     """One committed record.
 
@@ -256,6 +256,7 @@ class _Pending:
 _STOP = object()
 
 
+_COLUMNS = 6  # envelope, producer, seq, class, at, body
 _INSERT_CHUNK = 256  # rows per INSERT at most: 1,536 parameters, well under SQLite's limit
 
 
@@ -265,14 +266,17 @@ def _insert_sql(rows: int) -> str:
     return f"INSERT INTO records (envelope, producer, seq, class, at, body) VALUES {values}"
 
 
-def _insert_records(rows: list[tuple[Any, ...]]) -> Iterator[tuple[str, list[Any]]]:
-    """INSERT statements for ``rows``, in chunks of a power of two (so few distinct statements)."""
+def _insert_records(values: list[Any]) -> Iterator[tuple[str, list[Any]]]:
+    """INSERT statements for rows given as one flat list of their ``_COLUMNS`` values each.
+
+    In chunks of a power of two rows, so that few distinct statements are ever prepared.
+    """
+    rows = len(values) // _COLUMNS
     start, size = 0, _INSERT_CHUNK
-    while start < len(rows):
-        while size > len(rows) - start:
+    while start < rows:
+        while size > rows - start:
             size //= 2
-        chunk = rows[start : start + size]
-        yield _insert_sql(size), list(itertools.chain.from_iterable(chunk))
+        yield _insert_sql(size), values[start * _COLUMNS : (start + size) * _COLUMNS]
         start += size
 
 
@@ -311,7 +315,7 @@ class _Writer:
         at = now_ms()
         envelope = self.head
         seqs: dict[str, int] = {}
-        rows = []
+        values: list[Any] = []
         records = []
         lines: list[str] = []
         size = 0
@@ -327,10 +331,8 @@ class _Writer:
                 body = {"type": body["type"], "seq": seq, "at": at, **body}
                 head = f'{{"type":{_encode(body["type"])},"seq":{seq},"at":{at}'
                 text = head + ("," + text[1:] if len(text) > 2 else "}")
-            rows.append((envelope, item.producer, seq, item.cls, at, text))
-            records.append(
-                Record(envelope=envelope, producer=item.producer, seq=seq, cls=item.cls, at=at, body=body)
-            )
+            values += (envelope, item.producer, seq, item.cls, at, text)
+            records.append(Record(envelope, item.producer, seq, item.cls, at, body))
             line = (
                 f'{{"envelope":{envelope},"producer":{_quote(item.producer)},"seq":{seq},'
                 f'"class":{_quote(item.cls)},"at":{at},"body":{text}}}'
@@ -344,7 +346,7 @@ class _Writer:
         try:
             # Few statements, each stepping through many rows: the GIL is released once per
             # statement rather than once per row, so the writer seldom waits for the loop.
-            for sql, params in _insert_records(rows):
+            for sql, params in _insert_records(values):
                 conn.execute(sql, params)
             conn.execute(_UPSERT_PRODUCERS, (_encode({p: seq - 1 for p, seq in seqs.items()}),))
             if closed:
@@ -433,7 +435,11 @@ class Journal:
         self.path = path
         self._writer = writer
         self._readers = ReaderPool(readers)
+        # Appends made during one pass of the Trio scheduler gather here, and go to the writer
+        # thread's queue together once the pass is over (see _hand_over).
+        self._gathering: list[_Pending] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._token: trio.lowlevel.TrioToken | None = None
         self._head = writer.head
         self.commits = 0
         """Transactions committed since the journal opened (each one fsync)."""
@@ -485,7 +491,10 @@ class Journal:
         if not encoded.startswith("{"):
             raise TypeError("a record's body must be a JSON object")
         pending = _Pending(producer, cls, body, encoded, stamp, closes, trio.lowlevel.current_task())
-        self._queue.put(pending)
+        if not self._gathering:
+            assert self._token is not None, "the journal's writer is not running"
+            self._token.run_sync_soon(self._hand_over)
+        self._gathering.append(pending)
         record: Record = await trio.lowlevel.wait_task_rescheduled(pending.abandon)
         return record
 
@@ -495,9 +504,10 @@ class Journal:
         Cancelled, it closes the journal and still waits for the thread to commit what
         was queued, so every appender learns how its record fared.
         """
+        self._token = trio.lowlevel.current_trio_token()
         thread = threading.Thread(
             target=self._write_until_stopped,
-            args=(trio.lowlevel.current_trio_token(),),
+            args=(self._token,),
             name=f"journal writer ({self.path.name})",
             daemon=True,
         )
@@ -511,6 +521,17 @@ class Journal:
                 await self._stopped.wait()
                 await trio.to_thread.run_sync(thread.join)
 
+    def _hand_over(self) -> None:
+        """Queue what was gathered for the writer thread.
+
+        Run by ``run_sync_soon``, so after the scheduler pass in which the first of them
+        was appended: the thread is woken once for the whole pass, not by the first
+        append while the others are still being made.
+        """
+        gathered, self._gathering = self._gathering, []
+        if gathered:
+            self._queue.put(gathered)
+
     def _write_until_stopped(self, token: trio.lowlevel.TrioToken) -> None:
         """The writer thread: commit whatever is queued, one transaction at a time."""
         try:
@@ -519,7 +540,7 @@ class Journal:
                 item = self._queue.get()
                 if item is _STOP:
                     break
-                batch = [item]
+                batch = list(item)
                 # Everything queued now goes in this batch: one transaction, one fsync.
                 while True:
                     try:
@@ -529,7 +550,7 @@ class Journal:
                     if item is _STOP:
                         stop = True
                         break
-                    batch.append(item)
+                    batch.extend(item)
                 try:
                     result: outcome.Outcome[Any] = outcome.Value(self._writer.write(batch))
                 except Exception as exc:
@@ -560,21 +581,27 @@ class Journal:
     def _writer_stopped(self) -> None:
         # Nothing should be left, but a writer thread that died must not leave appenders waiting.
         self._closed = True
+        left = self._gathering
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is not _STOP and item.task is not None:
+            if item is not _STOP:
+                left.extend(item)
+        for pending in left:
+            if pending.task is not None:
                 trio.lowlevel.reschedule(
-                    item.task, outcome.Error(JournalClosed("the journal closed before this record was written"))
+                    pending.task, outcome.Error(JournalClosed("the journal closed before this record was written"))
                 )
+        self._gathering = []
         self._stopped.set()
 
     def close_nowait(self) -> None:
         """Take no more appends; the writer commits what is queued, then stops."""
         if not self._closed:
             self._closed = True
+            self._hand_over()
             self._queue.put(_STOP)
 
     async def wait_past(self, cursor: int) -> None:
