@@ -423,6 +423,22 @@ class _RecentLines:
         return found
 
 
+class _HandOver(trio.abc.Instrument):
+    """Hands a journal's appends to its writer thread at the end of each scheduler pass.
+
+    The appends made in one pass (say, by the tasks a commit just woke) go to the thread
+    together, and it is woken once for them: woken by the first, it would wait for the GIL
+    while the others are being made, or take them one at a time.
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self._journal._gathering:
+            self._journal._hand_over()
+
+
 class Journal:
     """The runner's journal. Open it with :func:`open_journal`.
 
@@ -439,7 +455,6 @@ class Journal:
         # thread's queue together once the pass is over (see _hand_over).
         self._gathering: list[_Pending] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._token: trio.lowlevel.TrioToken | None = None
         self._head = writer.head
         self.commits = 0
         """Transactions committed since the journal opened (each one fsync)."""
@@ -491,9 +506,6 @@ class Journal:
         if not encoded.startswith("{"):
             raise TypeError("a record's body must be a JSON object")
         pending = _Pending(producer, cls, body, encoded, stamp, closes, trio.lowlevel.current_task())
-        if not self._gathering:
-            assert self._token is not None, "the journal's writer is not running"
-            self._token.run_sync_soon(self._hand_over)
         self._gathering.append(pending)
         record: Record = await trio.lowlevel.wait_task_rescheduled(pending.abandon)
         return record
@@ -504,14 +516,15 @@ class Journal:
         Cancelled, it closes the journal and still waits for the thread to commit what
         was queued, so every appender learns how its record fared.
         """
-        self._token = trio.lowlevel.current_trio_token()
         thread = threading.Thread(
             target=self._write_until_stopped,
-            args=(self._token,),
+            args=(trio.lowlevel.current_trio_token(),),
             name=f"journal writer ({self.path.name})",
             daemon=True,
         )
         thread.start()
+        hand_over = _HandOver(self)
+        trio.lowlevel.add_instrument(hand_over)
         task_status.started()
         try:
             await self._stopped.wait()
@@ -520,14 +533,10 @@ class Journal:
             with trio.CancelScope(shield=True):
                 await self._stopped.wait()
                 await trio.to_thread.run_sync(thread.join)
+            trio.lowlevel.remove_instrument(hand_over)
 
     def _hand_over(self) -> None:
-        """Queue what was gathered for the writer thread.
-
-        Run by ``run_sync_soon``, so after the scheduler pass in which the first of them
-        was appended: the thread is woken once for the whole pass, not by the first
-        append while the others are still being made.
-        """
+        """Queue what was gathered for the writer thread (see :class:`_HandOver`)."""
         gathered, self._gathering = self._gathering, []
         if gathered:
             self._queue.put(gathered)
