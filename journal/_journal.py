@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import json
 import queue
 import sqlite3

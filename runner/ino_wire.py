@@ -21,6 +21,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 import attrs
 import cattrs
 
+from .wire import parse_json
+
 T = TypeVar("T")
 
 PROTOCOL = "ino.v2"
@@ -651,7 +653,7 @@ def decode_verb(text: str) -> Verb:
         FrameInvalid: A field outside its limits (answered with ``validation_failed``).
     """
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except ValueError:
         raise FrameRejected("the frame is not JSON") from None
     if not isinstance(value, dict):

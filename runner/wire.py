@@ -7,6 +7,7 @@ and unknown fields are ignored, as the protocol asks. Pure: no Trio, no Quart.
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from collections.abc import Mapping
@@ -585,6 +586,22 @@ def _issues(exc: BaseException, path: list[str | int]) -> list[Issue]:
     if isinstance(exc, ValueError) and "not in" in message.lower() or "literal" in message.lower():
         message = "is not one of the allowed values"
     return [Issue(path=path, message=message)]
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """Parse JSON as RFC 8259 defines it.
+
+    Python's ``json`` also reads ``NaN``, ``Infinity`` and ``-Infinity``; nothing on the
+    wire may carry them (the journal could not keep them, and no host could read them back).
+
+    Raises:
+        ValueError: ``text`` is not JSON.
+    """
+    return json.loads(text, parse_constant=_not_json)
 
 
 def decode(cls: type[T], value: Any) -> T:

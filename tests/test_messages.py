@@ -188,6 +188,11 @@ async def test_a_malformed_message_is_invalid_request(tmp_path: Path) -> None:
                 assert path in [issue["path"] for issue in error["issues"]], (body, error)
         not_json = await client.post("/v1/sessions/c1/messages", content=b"{not json", headers={"content-type": "application/json"})
         refused(not_json, 400, "invalid_request")
+        # Python's json reads NaN and Infinity; JSON has neither, and the journal could not keep them.
+        for constant in (b"NaN", b"Infinity", b"-Infinity"):
+            content = b'{"id":"m-nan","name":"note","payload":{"x":' + constant + b"}}"
+            not_json = await client.post("/v1/sessions/c1/messages", content=content, headers={"content-type": "application/json"})
+            refused(not_json, 400, "invalid_request")
         # The limits are inclusive: 128 characters of id and 256 of name are a message.
         delivered(await send(client, "c1", message("i" * 128, "note")), "i" * 128)
         long_key = await send(client, "c1", message("m-2", "k" * 256))
@@ -506,6 +511,8 @@ async def test_client_messages_reply_refuse_and_run_in_order(tmp_path: Path) -> 
         assert invalid.code == "invalid_payload"
         assert invalid.data is not None and [i["path"] for i in invalid.data["issues"]] == [["claimId"]]
         assert (await client_refusal(caller, "curb.message", rpc("broken", {}))).code == "handler_failed"
+        nan = '{"key":"claim-submitted","id":"x-3","payload":{"claimId":NaN}}'
+        assert (await client_refusal(caller, "curb.message", nan)).code == "invalid_request"
 
         # LiveKit's RPC cap: 15 KiB of request, no more.
         envelope = len(rpc("nobody", {"pad": ""}).encode())

@@ -146,8 +146,9 @@ async def test_a_patch_to_an_unknown_call_or_with_a_malformed_body(tmp_path: Pat
     async with tunable(tmp_path) as (_, client):
         refused(await patch(client, "nobody", {"tts": {"voice": "en"}}), 404, "session_not_found")
         await place(client, "c1")
-        not_json = await client.patch("/v1/sessions/c1", content=b"{nope", headers={"content-type": "application/json"})
-        refused(not_json, 400, "invalid_request")
+        for content in (b"{nope", b'{"llm":{"temperature":NaN}}'):
+            not_json = await client.patch("/v1/sessions/c1", content=content, headers={"content-type": "application/json"})
+            refused(not_json, 400, "invalid_request")
         refused(await patch(client, "c1", [{"tts": {"voice": "en"}}]), 400, "invalid_request")
 
 

@@ -74,3 +74,13 @@ def test_encoding_round_trips_and_stays_valid(path: Path) -> None:
     encoded = wire.encode(decoded)
     assert _validator(_type_of(path)).is_valid(encoded)
     assert wire.decode(cls, encoded) == decoded  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["NaN", '{"x":Infinity}', "[-Infinity]", "{nope", ""])
+def test_parse_json_refuses_what_json_does_not_have(text: str) -> None:
+    with pytest.raises(ValueError):
+        wire.parse_json(text)
+
+
+def test_parse_json_reads_json() -> None:
+    assert wire.parse_json(b'{"x":[1,2.5e3,null,"\\u00e9"]}') == {"x": [1, 2500.0, None, "é"]}

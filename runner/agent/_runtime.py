@@ -34,7 +34,7 @@ from ..voice.engine import (
     TurnResult,
 )
 from ..voice.listener import Listener, SpeechEnded, SpeechStarted
-from ..wire import EffectiveSettings, HostMessage, Issue, WireError, converter, decode, encode
+from ..wire import EffectiveSettings, HostMessage, Issue, WireError, converter, decode, encode, parse_json
 from ._authoring import Agent, AppTool, Offer, Sender, call_maybe_async, check_key
 from ._context import Context, HostTimeoutError, HostUnavailableError
 from ._experiments import assign_variant
@@ -717,7 +717,7 @@ class AgentRuntime:
             if not self.ready.is_set():
                 raise ClientRefusal("not_adjustable" if method == "curb.update" else "no_handler")
         try:
-            body = json.loads(payload)
+            body = parse_json(payload)
         except ValueError:
             raise ClientRefusal("invalid_request") from None
         try:

@@ -10,7 +10,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..errors import InvalidRequest, NotFound, RunnerError
-from ..wire import ErrorBody, Issue, WireError, decode, encode
+from ..wire import ErrorBody, Issue, WireError, decode, encode, parse_json
 
 T = TypeVar("T")
 
@@ -29,11 +29,17 @@ def error_response(error: RunnerError) -> Response:
     return json_response(error.body(), status=error.status)
 
 
+async def read_json() -> Any:
+    """The request's body as JSON, or raise ``invalid_request``."""
+    try:
+        return parse_json(await request.get_data())
+    except ValueError:
+        raise InvalidRequest("the body must be JSON", issues=[Issue(path=[], message="is not JSON")]) from None
+
+
 async def read_body(cls: type[T]) -> T:
     """Decode the request's JSON body as ``cls``, or raise ``invalid_request``."""
-    value = await request.get_json(force=True, silent=True)
-    if value is None:
-        raise InvalidRequest("the body must be JSON", issues=[Issue(path=[], message="is not JSON")])
+    value = await read_json()
     try:
         return decode(cls, value)
     except WireError as exc:

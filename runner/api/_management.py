@@ -22,7 +22,7 @@ from ..wire import (
     StartCallRequest,
     StartCallResponse,
 )
-from ._common import install_error_handlers, json_response, read_body
+from ._common import install_error_handlers, json_response, read_body, read_json
 from ._events import check_cursor, parse_cursor, stream_lines
 
 if TYPE_CHECKING:
@@ -133,9 +133,7 @@ def create_management_app(
     @app.patch("/v1/sessions/<session_id>")
     async def adjust(session_id: str) -> Response:
         call = runner.get(session_id)
-        update = await request.get_json(force=True, silent=True)
-        if update is None:
-            raise InvalidRequest("the body must be a JSON object")
+        update = await read_json()
         settings = await call.adjust("host", update)
         return json_response(SessionSettingsResponse(session_id=session_id, settings=settings))
 

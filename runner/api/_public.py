@@ -15,6 +15,7 @@ from quart_trio import QuartTrio
 
 from .. import ino_wire as w
 from ..errors import InvalidRequest, NotFound, Unauthorized
+from ..wire import parse_json
 from ..transports.websocket import AgentSocketService
 from ._common import install_error_handlers
 
@@ -50,7 +51,7 @@ def _json(value: Any, status: int = 200) -> Response:
 async def _body(cls: type[Any]) -> Any:
     raw = await request.get_data(as_text=True)
     try:
-        value = json.loads(raw) if raw.strip() else None
+        value = parse_json(raw) if raw.strip() else None
     except ValueError:
         raise InvalidRequest("the body must be a JSON object") from None
     try:

@@ -89,6 +89,7 @@ def test_a_verb_decodes(text: str, expected: Any) -> None:
         ('{"type":"tool.confirmed","call_id":"c","yes":1}', "tool.confirmed.yes must be a boolean"),
         ('{"type":"auth","key":"k","session_id":"s","tools":["a",2]}', "auth.tools item 1 must be a string"),
         ('{"type":"mute","seq":1}', "mute takes no field 'seq'"),
+        ('{"type":"user_message","text":"hi","metadata":{"x":NaN}}', "the frame is not JSON"),
     ],
 )
 def test_a_frame_that_cannot_be_understood_is_rejected_naming_why(text: str, reason: str) -> None:
