@@ -95,6 +95,27 @@ class Budget:
         return time.perf_counter() >= self.deadline
 
 
+
+def freeze_heap_as_the_runner_does() -> dict[str, float]:
+    """Freeze the imported heap as ``runner serve`` does once warm; time a full collection before and after.
+
+    Every benchmark that runs the runner in-process calls this first, so the runner's code
+    runs with the collector set up as in production.
+    """
+    import gc
+
+    from runner.runtime import freeze_startup_heap
+
+    def full_collection_ms() -> float:
+        started = time.perf_counter()
+        gc.collect()
+        return (time.perf_counter() - started) * 1000
+
+    before = full_collection_ms()
+    tracked = len(gc.get_objects())
+    freeze_startup_heap()
+    return {"tracked_objects": tracked, "full_collection_ms": before, "frozen_full_collection_ms": full_collection_ms()}
+
 # -- machine and results ----------------------------------------------------------------------
 
 

@@ -45,7 +45,17 @@ from runner.config import Config
 from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport
 
-from ._common import Budget, fmt, machine_info, print_table, ratio, say, summarize, write_results
+from ._common import (
+    Budget,
+    fmt,
+    freeze_heap_as_the_runner_does,
+    machine_info,
+    print_table,
+    ratio,
+    say,
+    summarize,
+    write_results,
+)
 
 TOKEN = "bench-calls-token"
 LATENCY_DEGRADED = 3.0  # a level whose start p50 is this many times level 1's has degraded
@@ -428,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the short profile (under a minute)")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the journals go")
     args = parser.parse_args(argv)
+    freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)

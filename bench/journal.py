@@ -50,6 +50,7 @@ from ._common import (
     cpu_sample,
     envelope_of,
     fmt,
+    freeze_heap_as_the_runner_does,
     machine_info,
     median,
     print_table,
@@ -705,6 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where the SQLite files go; it must be a real disk for the fsync figures to mean anything",
     )
     args = parser.parse_args(argv)
+    heap = freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -712,6 +714,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info(data_dir)
     say(f"{command}: {machine['cores']} cores, Python {machine['python']}, SQLite {machine['sqlite']},"
         f" data on {machine['data_filesystem']} ({data_dir})")
+    say(f"heap frozen as runner serve freezes it: a full collection took {fmt(heap['full_collection_ms'])} ms"
+        f" over {heap['tracked_objects']:,} objects, {fmt(heap['frozen_full_collection_ms'])} ms once frozen")
     began = time.perf_counter()
 
     say("1. append throughput (journal vs raw sqlite3 at the journal's group size)")
@@ -742,6 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "finished_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": elapsed,
         "machine": machine,
+        "heap": heap,
         "load": load,
         "parameters": attrs.asdict(profile),
         "goal": {

@@ -45,7 +45,18 @@ from runner.config import Config
 from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport
 
-from ._common import RESULTS_DIR, Budget, EventsReader, fmt, machine_info, print_table, say, summarize, write_results
+from ._common import (
+    Budget,
+    EventsReader,
+    RESULTS_DIR,
+    fmt,
+    freeze_heap_as_the_runner_does,
+    machine_info,
+    print_table,
+    say,
+    summarize,
+    write_results,
+)
 
 TOKEN = "bench-messages-token"
 LIVE_CALLS = 100
@@ -356,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the third level of live calls (default: the most calls bench.calls last held, or 1000)",
     )
     args = parser.parse_args(argv)
+    freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
     most = args.most_calls or _most_calls_default()
     levels = sorted({1, LIVE_CALLS, max(1, most)})

@@ -44,7 +44,17 @@ from runner.providers import ChatMessage, LocalLLM, TextDelta, ToolCall, ToolSpe
 from runner.providers.espeak import EspeakTTS
 from runner.voice.engine import AudioData, ReplyChunk, ToolOutcome, Turn, TurnEvent, TurnPlan
 
-from ._common import Budget, fmt, machine_info, print_table, ratio, say, summarize, write_results
+from ._common import (
+    Budget,
+    fmt,
+    freeze_heap_as_the_runner_does,
+    machine_info,
+    print_table,
+    ratio,
+    say,
+    summarize,
+    write_results,
+)
 
 INSTRUCTIONS = (
     "You are the concierge of Hotel Lumen. "
@@ -343,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.turns", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short profile (seconds)")
     args = parser.parse_args(argv)
+    freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
     command = "python -m bench.turns" + (" --quick" if args.quick else "")
     machine = machine_info()

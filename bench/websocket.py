@@ -41,7 +41,18 @@ from trio_websocket import open_websocket_url
 
 from runner.agent import LLM, TTS, Agent
 
-from ._common import cpu_report, cpu_sample, fmt, machine_info, print_table, ratio, say, summarize, write_results
+from ._common import (
+    cpu_report,
+    cpu_sample,
+    fmt,
+    freeze_heap_as_the_runner_does,
+    machine_info,
+    print_table,
+    ratio,
+    say,
+    summarize,
+    write_results,
+)
 
 API_KEY = "bench-websocket-key"
 PUBLIC_LINE = "runner: public listener on "
@@ -296,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the short profile (about a minute)")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the runner's journal goes")
     args = parser.parse_args(argv)
+    freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
     command = "python -m bench.websocket" + (" --quick" if args.quick else "")
     machine = machine_info(args.data_dir)

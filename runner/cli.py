@@ -99,7 +99,7 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .runtime import API_KEY_ENV, resolve_token, serve_runner
+    from .runtime import API_KEY_ENV, freeze_startup_heap, resolve_token, serve_runner
     from .transports.websocket import AgentSocketSetup
 
     mode = {"serve": "managed", "join": "direct-join", "dev": "dev"}[args.command]
@@ -123,6 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     elif args.command == "dev":
         join = StartCallRequest(session_id="dev", realtime_url="loopback://dev", realtime_token="dev")
+    freeze_startup_heap()
     outcome = trio.run(
         lambda: serve_runner(
             config,
