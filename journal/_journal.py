@@ -20,7 +20,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from json.encoder import (  # type: ignore[attr-defined]
@@ -430,12 +430,8 @@ class _HandOver(trio.abc.Instrument):
     while the others are being made, or take them one at a time.
     """
 
-    def __init__(self, journal: Journal) -> None:
-        self._journal = journal
-
-    def before_io_wait(self, timeout: float) -> None:
-        if self._journal._gathering:
-            self._journal._hand_over()
+    def __init__(self, hand_over: Callable[[], None]) -> None:
+        self.before_io_wait = lambda timeout: hand_over()
 
 
 class Journal:
@@ -522,7 +518,7 @@ class Journal:
             daemon=True,
         )
         thread.start()
-        hand_over = _HandOver(self)
+        hand_over = _HandOver(self._hand_over)
         trio.lowlevel.add_instrument(hand_over)
         task_status.started()
         try:
@@ -536,8 +532,8 @@ class Journal:
 
     def _hand_over(self) -> None:
         """Queue what was gathered for the writer thread (see :class:`_HandOver`)."""
-        gathered, self._gathering = self._gathering, []
-        if gathered:
+        if self._gathering:
+            gathered, self._gathering = self._gathering, []
             self._queue.put(gathered)
 
     def _write_until_stopped(self, token: trio.lowlevel.TrioToken) -> None:
