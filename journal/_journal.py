@@ -5,15 +5,16 @@ transaction (group commit), so a burst of concurrent appenders costs one fsync.
 An append returns only after its transaction committed, and followers are woken
 only then: nothing is ever streamed that a crash could take back.
 
-The writer is a plain thread, not a Trio task handing batches to ``to_thread``: an
-appender's record goes straight onto the thread's queue, the thread reports each
-commit back with ``run_sync_soon``, and while it waits on SQLite (which releases the
-GIL) the Trio loop keeps taking appends for the next batch.
+The writer is a plain thread, not a Trio task handing batches to ``to_thread``: the
+appends made in one pass of the Trio scheduler go onto its queue together when the
+pass ends, the thread commits what is queued, and reports back with ``run_sync_soon``.
+docs/journal.md says why, and docs/performance.md what each choice was measured to buy.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import json
 import queue
@@ -22,12 +23,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from json.encoder import (  # type: ignore[attr-defined]
     c_make_encoder,
     encode_basestring,
     encode_basestring_ascii,
 )
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -567,9 +568,11 @@ class Journal:
     def _committed(self, batch: list[_Pending], result: outcome.Outcome[Any]) -> None:
         """In the Trio thread, once a batch committed (or failed): wake followers, then appenders."""
         if isinstance(result, outcome.Error):
+            # An outcome is unwrapped once, and an exception raised in several tasks would
+            # gather all their tracebacks: each appender gets its own copy.
             for item in batch:
                 if item.task is not None:
-                    trio.lowlevel.reschedule(item.task, result)
+                    trio.lowlevel.reschedule(item.task, outcome.Error(copy.copy(result.error)))
             return
         records, lines, size = result.unwrap()
         # Followers read the newest lines from memory: one SQL read per commit, not per follower.

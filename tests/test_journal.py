@@ -260,12 +260,22 @@ async def test_a_failed_transaction_fails_its_appends_and_the_journal_goes_on(tm
         blocker.execute("PRAGMA busy_timeout = 0")
         blocker.execute("BEGIN IMMEDIATE")
         journal._writer.conn.execute("PRAGMA busy_timeout = 50")
-        with pytest.raises(sqlite3.OperationalError):
-            await journal.append("p", "c", {"n": 2})
+        failed: list[BaseException] = []
+
+        async def append(n: int) -> None:
+            with pytest.raises(sqlite3.OperationalError) as raised:
+                await journal.append(f"p{n}", "c", {"n": n})
+            failed.append(raised.value)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(3):
+                nursery.start_soon(append, n)
+        # Appended in one pass, the three failed in one transaction, each with its own error.
+        assert len({id(error) for error in failed}) == 3
         blocker.execute("ROLLBACK")
         blocker.close()
         record = await journal.append("p", "c", {"n": 3})
-        # The failed record took neither an envelope nor a seq.
+        # The failed records took neither an envelope nor a seq.
         assert (record.envelope, record.seq) == (2, 2)
         assert journal.head == 2
 
