@@ -479,7 +479,7 @@ class Journal:
     ) -> Record:
         """Write one record and return it once it is durable.
 
-        Once queued, the record is written whether or not the caller is cancelled; a
+        Once appended, the record is written whether or not the caller is cancelled; a
         cancelled appender just does not learn how it fared.
 
         Args:
@@ -491,6 +491,9 @@ class Journal:
 
         Raises:
             JournalClosed: The journal is shutting down.
+            TypeError: ``body`` is not a JSON object, or holds a value JSON has no form for.
+            ValueError: ``body`` holds NaN or an infinity.
+            sqlite3.Error: The transaction this record was in failed (so did the others in it).
         """
         if self._closed:
             await trio.lowlevel.checkpoint()
