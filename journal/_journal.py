@@ -34,9 +34,6 @@ from typing import Any
 import attrs
 import outcome
 import trio
-from sqlite_utils import Database
-
-from migrations import MIGRATIONS
 
 DEFAULT_RETENTION_RECORDS = 4096
 _RECENT_LINES = 4096
@@ -136,6 +133,12 @@ def _connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
 
 def migrate(conn: sqlite3.Connection) -> None:
     """Apply the pending migrations, each in its own transaction."""
+    # Imported here: only a writer migrates, and sqlite-utils (which loads numpy when it
+    # can) is a tenth of a second that `runner replay` need not pay.
+    from sqlite_utils import Database
+
+    from migrations import MIGRATIONS
+
     MIGRATIONS.apply(Database(conn))
 
 

@@ -1,4 +1,8 @@
-"""The ``runner`` command: serve, join, dev, console, replay."""
+"""The ``runner`` command: serve, join, dev, console, replay.
+
+Each command imports what it needs when it runs, so ``runner replay`` starts without
+loading agents, speech or transports.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,7 @@ from collections.abc import Sequence
 
 import trio
 
-from .agent import load_agent
-from .agent._runtime import choose_experiments, conversation_factory, warm_up
 from .config import DEFAULT_ADDRESS, DEFAULT_PUBLIC_ADDRESS, Config
-from .transports.loopback import LoopbackTransport
-from .wire import StartCallRequest
 
 _STARTED_AT = time.monotonic()
 
@@ -99,8 +99,13 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .agent import load_agent
+    from .agent._runtime import choose_experiments, conversation_factory, warm_up
     from .runtime import API_KEY_ENV, freeze_startup_heap, resolve_token, serve_runner
+    from .transports.livekit import LiveKitTransport
+    from .transports.loopback import LoopbackTransport
     from .transports.websocket import AgentSocketSetup
+    from .wire import StartCallRequest
 
     mode = {"serve": "managed", "join": "direct-join", "dev": "dev"}[args.command]
     try:
@@ -111,8 +116,6 @@ def _serve(args: argparse.Namespace) -> int:
     agent = load_agent(args.agent)
     trio.run(warm_up, agent)
     token = resolve_token(config)
-    from .transports.livekit import LiveKitTransport
-
     loopback = LoopbackTransport()
     join = None
     if args.command == "join":
@@ -158,6 +161,7 @@ def _load_knowledge(args: argparse.Namespace) -> int:
 
     from journal import open_agent_store
 
+    from .agent import load_agent
     from .transports.websocket import agent_id_of
 
     agent = load_agent(args.agent)
@@ -202,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "console":
         from pathlib import Path
 
+        from .agent import load_agent
         from .console import run_console
 
         agent = load_agent(args.agent)
