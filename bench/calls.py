@@ -45,17 +45,7 @@ from runner.config import Config
 from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport
 
-from ._common import (
-    Budget,
-    fmt,
-    freeze_heap_as_the_runner_does,
-    machine_info,
-    print_table,
-    ratio,
-    say,
-    summarize,
-    write_results,
-)
+from ._common import Budget, fmt, freeze_heap_as_the_runner_does, machine_info, print_table, ratio, say, summarize, write_results
 
 TOKEN = "bench-calls-token"
 LATENCY_DEGRADED = 3.0  # a level whose start p50 is this many times level 1's has degraded

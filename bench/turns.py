@@ -44,17 +44,7 @@ from runner.providers import ChatMessage, LocalLLM, TextDelta, ToolCall, ToolSpe
 from runner.providers.espeak import EspeakTTS
 from runner.voice.engine import AudioData, ReplyChunk, ToolOutcome, Turn, TurnEvent, TurnPlan
 
-from ._common import (
-    Budget,
-    fmt,
-    freeze_heap_as_the_runner_does,
-    machine_info,
-    print_table,
-    ratio,
-    say,
-    summarize,
-    write_results,
-)
+from ._common import Budget, fmt, freeze_heap_as_the_runner_does, machine_info, print_table, ratio, say, summarize, write_results
 
 INSTRUCTIONS = (
     "You are the concierge of Hotel Lumen. "
