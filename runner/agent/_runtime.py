@@ -369,7 +369,20 @@ class AgentRuntime:
             ],
             run_tool=self._run_tool,
             max_tool_rounds=self.agent.max_tool_rounds,
+            filler=self._filler,
         )
+
+    def _filler(self, call: ToolCall) -> str | None:
+        """The line the agent says while ``call`` runs: its tool's ``filler``.
+
+        None for a tool that may first wait for the person's confirmation: it is not run yet.
+        """
+        tool = self.offer().tool(call.name)
+        if tool is None or not tool.filler:
+            return None
+        if tool.ask_first and self.confirms_tools and call.id not in self._confirmed:
+            return None
+        return tool.filler
 
     def _instructions(self) -> str:
         texts = [self.offer().instructions]

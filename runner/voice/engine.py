@@ -221,6 +221,8 @@ class TurnPlan:
     tools: Callable[[], Sequence[ToolSpec]]
     run_tool: Callable[[ToolCall], Awaitable[ToolOutcome]]
     max_tool_rounds: int = 4
+    # The line to say while a call runs (a tool's ``filler``), or None.
+    filler: Callable[[ToolCall], str | None] = lambda call: None
 
 
 def new_turn_id() -> str:
@@ -246,6 +248,7 @@ class Turn:
         self._first_text: float | None = None
         self._first_audio: float | None = None
         self._thoughts = False
+        self._after_filler = False
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop generating and speaking; the turn ends interrupted with what was said so far."""
@@ -360,6 +363,11 @@ class Turn:
     async def _text(self, text: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
         if self._first_text is None:
             self._first_text = time.monotonic()
+        if self._after_filler and text:
+            # The model's next words start a new sentence after the filler line.
+            self._after_filler = False
+            if not text[0].isspace():
+                text = " " + text
         self.text += text
         await self._emit(ReplyDelta(turn=self.id, text=text))
         for piece in chunker.feed(text):
@@ -399,11 +407,20 @@ class Turn:
                 return
             self._history.append(ChatMessage(role="assistant", content=round_text, tool_calls=tuple(calls)))
             for call in calls:
-                await self._run_tool(call, round_)
+                await self._run_tool(call, round_, speak=(chunker, send_chunk))
 
-    async def _run_tool(self, call: ToolCall, round_: int) -> None:
+    async def _run_tool(
+        self,
+        call: ToolCall,
+        round_: int,
+        *,
+        speak: tuple[SentenceChunker, trio.MemorySendChannel[str]] | None = None,
+    ) -> None:
         arguments = dict(call.arguments)
         await self._emit(ToolStarted(turn=self.id, call_id=call.id, name=call.name, arguments=arguments))
+        filler = self._plan.filler(call)
+        if filler and speak is not None:
+            await self._say_filler(filler, *speak)
         began = time.monotonic()
         outcome = await self._plan.run_tool(call)
         ms = int((time.monotonic() - began) * 1000)
@@ -423,6 +440,17 @@ class Turn:
         )
         content = _tool_content(outcome)
         self._history.append(ChatMessage(role="tool", content=content, tool_call_id=call.id))
+
+    async def _say_filler(self, line: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
+        """Say ``line`` now, while the tool runs: it is part of the reply, as the caller hears it."""
+        # Whatever the model wrote before calling the tool is said first, in order.
+        for piece in chunker.flush():
+            await self._chunk(piece, send_chunk)
+        text = line if not self.text or self.text[-1].isspace() else " " + line
+        self.text += text
+        self._after_filler = True
+        await self._emit(ReplyDelta(turn=self.id, text=text))
+        await self._chunk(line, send_chunk)
 
     async def _speak(self, chunks: trio.MemoryReceiveChannel[str]) -> None:
         index = 0

@@ -626,3 +626,20 @@ async def test_tools_send_to_the_client_and_the_host(journal: Journal) -> None:
     assert [r.cls for r in await journal.read(0, producer="call-1") if r.cls == "host"] == []
     (sent,) = await conversation_events(journal, "curb.toClient")
     assert sent["key"] == "order-placed"
+
+
+async def test_a_tools_filler_line_is_said_and_kept_in_the_reply(journal: Journal) -> None:
+    agent = Agent("weather", instructions="You tell the weather.", tts=TTS(provider="espeak", voice=CLEAR_VOICE))
+
+    @agent.tool(filler="One moment, I am looking.")
+    def forecast(ctx: Context, city: str) -> str:
+        """Tell the weather forecast for a city."""
+        return f"In {city} it is sunny."
+
+    async with open_call(agent, journal) as call:
+        call.caller.say("What is the weather in Lisbon?")
+        result = await call.next_result()
+    assert result.text == "One moment, I am looking. Here is what I found: In Lisbon it is sunny."
+    _, assistant = await turns(journal)
+    assert assistant["text"] == result.text
+    assert assistant["chunksSpoken"] == 2  # the filler, then the answer

@@ -10,6 +10,7 @@ import math
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -352,6 +353,42 @@ async def test_tool_rounds_run_tools_and_feed_results_back() -> None:
     assert [m.role for m in second] == ["system", "user", "assistant", "tool"]
     assert second[-1] == ChatMessage(role="tool", content='{"opens": "09:00"}', tool_call_id="c1")
     assert [t.name for t in tools] == ["lookup"]
+
+
+async def test_a_tools_filler_line_is_said_while_it_runs() -> None:
+    call = ToolCall(id="c1", name="lookup", arguments={"q": "opening hours"})
+    # The model says something, then calls the tool before finishing a sentence.
+    llm = ScriptedLLM(["Right", call], ["We open at nine."])
+    filler_heard = trio.Event()
+    emit = Recorder()
+    emit.hooks.append(lambda e: filler_heard.set() if isinstance(e, AudioData) and e.chunk == 1 else None)
+
+    async def run_tool(c: ToolCall) -> ToolOutcome:
+        # The tool finishes only once the filler is being heard: said while it runs, not after.
+        await filler_heard.wait()
+        return ToolOutcome(ok=True, result={"opens": "09:00"})
+
+    plan = attrs.evolve(
+        _plan(llm, EspeakTTS("en-us"), tools=[LOOKUP], run_tool=run_tool),
+        filler=lambda c: "One moment, let me look." if c.name == "lookup" else None,
+    )
+    result = await _run(Turn(plan, [], emit))
+
+    assert result.text == "Right One moment, let me look. We open at nine."
+    assert [(c.chunk, c.text) for c in emit.of(ReplyChunk)] == [
+        (0, "Right"),
+        (1, "One moment, let me look."),
+        (2, "We open at nine."),
+    ]
+    started = emit.index(lambda e: isinstance(e, ToolStarted))
+    filler_chunk = emit.index(lambda e: isinstance(e, ReplyChunk) and e.chunk == 1)
+    ended = emit.index(lambda e: isinstance(e, ToolEnded))
+    assert started < filler_chunk < ended
+    assert "".join(d.text for d in emit.of(ReplyDelta)) == result.text
+    assert result.chunks_spoken == 3
+    # The model's own history keeps its words and the tool's result; the line is in the reply.
+    second, _ = llm.requests[1]
+    assert [m.role for m in second] == ["system", "user", "assistant", "tool"]
 
 
 async def test_two_tool_rounds_then_an_answer() -> None:

@@ -41,7 +41,15 @@ def weather(ctx: Context, city: str) -> str:
     return f"In {city} it is {forecast}." if forecast else f"I have no forecast for {city}."
 
 
-@speaking.tool(ask_first=True)
+@speaking.tool(filler="One moment, I am calling the front desk.")
+def taxi(ctx: Context, destination: str) -> str:
+    """Order a taxi to a destination."""
+    return f"A taxi to {destination} will be at the door in ten minutes."
+
+
+# Its filler is never said: a tool that asks first waits for the answer, then runs at the start
+# of the next turn.
+@speaking.tool(ask_first=True, filler="Let me book that.")
 def book_table(ctx: Context, guests: int) -> str:
     """Book a table in the restaurant."""
     ctx.state.setdefault("bookings", []).append(guests)

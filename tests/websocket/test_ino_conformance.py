@@ -389,6 +389,22 @@ async def test_app_tools_not_named_in_auth_are_not_offered(speaking: Addresses) 
         sock.checker.finish()
 
 
+async def test_a_tools_filler_line_is_said_between_tool_start_and_tool_end(speaking: Addresses) -> None:
+    token, session_id = await speaking.api().person()
+    async with connect(speaking, token, session_id) as sock:
+        frames = await sock.say("Please order a taxi to the airport")
+        kinds = types(frames)
+        start, end = kinds.index("tool.start"), kinds.index("tool.end")
+        # Its words are part of the reply once the tool starts; the voice says them as it reaches them.
+        assert [f["text"] for f in frames[start:end] if f["type"] == "text.delta"] == ["One moment, I am calling the front desk."]
+        (said,) = [f for f in frames[start:] if f["type"] == "text.chunk" and f["text"].startswith("One moment")]
+        assert said["text"] == "One moment, I am calling the front desk."
+        assert any(f["type"] == "audio.start" and f["chunk"] == said["chunk"] for f in frames)
+        done = frames[-1]
+        assert done["message"].startswith("One moment, I am calling the front desk. Here is what I found: A taxi to")
+        sock.checker.finish()
+
+
 async def test_tool_confirmed_yes_runs_the_tool_before_the_reply(speaking: Addresses) -> None:
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id) as sock:
@@ -398,6 +414,8 @@ async def test_tool_confirmed_yes_runs_the_tool_before_the_reply(speaking: Addre
         kinds = types(frames)
         assert kinds.index("tool.start") < kinds.index("tool.confirm") < kinds.index("tool.end")
         assert frames[-1]["tool_calls"][0]["ok"] is False  # it has not run
+        # Not run, so its filler line is not said.
+        assert not any("Let me book" in f.get("text", "") for f in frames)
         await sock.send("tool.confirmed", call_id=confirm["call_id"], yes=True)
         frames = await sock.turn_end()
         kinds = types(frames)
