@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from .ino_agents import GREETING
-from .ino_client import API_KEY, Addresses, Api, connect, open_socket
+from .ino_client import API_KEY, Addresses, connect, open_socket
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,6 @@ usage rows and credits. Everything is stored in the runner's SQLite file and out
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any

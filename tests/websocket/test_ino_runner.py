@@ -19,7 +19,7 @@ from ..runner_process import read_stream
 from .ino_agents import GREETING
 from .ino_client import API_KEY, Addresses, connect, open_socket, start_ino_runner
 from .test_ino_conformance import types
-from .test_ino_spoken import RATE, send_audio, speech
+from .test_ino_spoken import RATE, speech
 
 pytestmark = pytest.mark.slow
 
