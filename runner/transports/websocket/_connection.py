@@ -1,0 +1,455 @@
+"""One socket: the ``ino.v2`` protocol driver (auth, verbs, recordings, seq, close codes)."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+
+from ... import ino_wire as w
+from ...agent._runtime import ConfirmationNotWaiting
+from ...providers import ProviderError
+
+from ._common import (
+    _CLOSE_S,
+    _UNWIND_S,
+    AUTH_TIMEOUT_S,
+    HEARING_RATE_HZ,
+    MAX_RECORDING_BYTES,
+    MAX_TRANSCRIBING,
+    CloseSocket,
+    SocketIO,
+    log,
+    transcription_row,
+)
+from ._call import _CONFLICT, _NOT_WAITING, _Recording, _TurnRequest, InoCall, transcribe
+
+if TYPE_CHECKING:
+    from ._service import AgentSocketService
+
+
+# -- One socket ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Close:
+    code: int
+    reason: str
+
+
+class Connection:
+    """The protocol driver of one socket: auth, verbs, recordings, frames in seq order."""
+
+    def __init__(self, service: AgentSocketService, io: SocketIO, url_session_id: str | None) -> None:
+        self.service = service
+        self.io = io
+        self.url_session_id = url_session_id
+        self.seq = 0
+        self.end_user_id = ""
+        self.token_id = ""
+        self.app_tools: tuple[str, ...] = ()
+        self.call: InoCall | None = None
+        self.recording: _Recording | None = None
+        self.transcribing = 0
+        self.closing: _Close | None = None
+        self.close_after_turn: _Close | None = None
+        self.last_activity = trio.current_time()
+        self._out_send, self._out = trio.open_memory_channel[str | bytes | _Close](math.inf)
+        self._reading = trio.CancelScope()
+        self._counted = False
+
+    # -- Writing -----------------------------------------------------------------------------
+
+    def send(self, frame: Any) -> None:
+        """Queue a JSON frame with the next seq; frames leave in the order they were queued."""
+        if self.closing is not None:
+            return
+        self.seq += 1
+        self._out_send.send_nowait(w.encode_frame(frame, self.seq))
+        self.last_activity = trio.current_time()
+
+    def send_binary(self, pcm: bytes) -> None:
+        if self.closing is None and pcm:
+            self._out_send.send_nowait(pcm)
+
+    def close_nowait(self, code: int, reason: str | None = None) -> None:
+        """Close after what is queued: the writer sends the close frame last."""
+        if self.closing is not None:
+            return
+        close = CloseSocket(code, reason)
+        self.closing = _Close(close.code, close.reason)
+        self._out_send.send_nowait(self.closing)
+        self._reading.cancel()
+
+    def close_when_idle(self, code: int, reason: str) -> None:
+        """Close now if no turn of this socket runs, else once it ended (drain, revoke)."""
+        if self.busy:
+            self.close_after_turn = _Close(code, reason)
+        else:
+            self.close_nowait(code, reason)
+
+    def check_close_after_turn(self) -> None:
+        if self.close_after_turn is not None and not self.busy:
+            self.close_nowait(self.close_after_turn.code, self.close_after_turn.reason)
+
+    @property
+    def busy(self) -> bool:
+        call = self.call
+        if call is None:
+            return False
+        holds = call.held is not None and call.held[0] is self
+        return call.owned_turn(self) is not None or holds or self.transcribing > 0
+
+    async def _write(self) -> None:
+        async for item in self._out:
+            try:
+                if isinstance(item, _Close):
+                    with trio.move_on_after(_CLOSE_S):
+                        await self.io.close(item.code, item.reason)
+                    return
+                await self.io.send(item)
+            except Exception as exc:  # the peer is gone; the reader learns it too
+                log.info("socket write failed: %s", exc)
+                self._reading.cancel()
+                return
+
+    # -- The connection's life -------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Accept, authenticate, join the conversation and take frames until the socket ends.
+
+        The writer lives in the outer nursery so that it outlasts the reader and the socket's
+        own tasks (partial recognition, transcriptions, the idle watch): frames already
+        queued, then the close frame, still go out.
+        """
+        offered = w.PROTOCOL in self.io.requested_subprotocols
+        await self.io.accept(w.PROTOCOL if offered else None)
+        async with trio.open_nursery() as writing:
+            writing.start_soon(self._write)
+            try:
+                async with trio.open_nursery() as tasks:
+                    try:
+                        with self._reading:
+                            if not offered:
+                                raise CloseSocket(4009, f"the subprotocol must be {w.PROTOCOL}")
+                            await self._run(tasks)
+                    except CloseSocket as close:
+                        self.close_nowait(close.code, close.reason)
+                    except Exception:
+                        log.exception("a socket failed")
+                        self.close_nowait(4013)
+                    finally:
+                        tasks.cancel_scope.cancel()
+                        with trio.CancelScope(shield=True), trio.move_on_after(_UNWIND_S + _CLOSE_S):
+                            await self._leave()
+            finally:
+                if self.closing is None:
+                    writing.cancel_scope.cancel()  # the peer left: nobody to say goodbye to
+                else:
+                    self._out_send.close()
+                    writing.cancel_scope.deadline = trio.current_time() + _CLOSE_S
+
+    async def _run(self, tasks: trio.Nursery) -> None:
+        auth = await self._receive_auth()
+        conversation = await self.service.authenticate(self, auth)
+        self._counted = True
+        await self.service.attach(self, conversation)
+        tasks.start_soon(self._watch_idle)
+        while True:
+            message = await self.io.receive()
+            if isinstance(message, bytes):
+                self.last_activity = trio.current_time()
+                self._on_audio(message)
+                continue
+            try:
+                verb = w.decode_verb(message)
+            except w.FrameRejected as exc:
+                raise CloseSocket(4009, str(exc)) from None
+            except w.FrameInvalid as exc:
+                self.last_activity = trio.current_time()
+                self.send(w.Error(code="validation_failed", message=str(exc)))
+                continue
+            if isinstance(verb, w.Ping):
+                self._out_send.send_nowait(w.PONG)
+                continue
+            self.last_activity = trio.current_time()
+            await self._on_verb(verb, tasks)
+
+    async def _receive_auth(self) -> w.Auth:
+        with trio.move_on_after(AUTH_TIMEOUT_S):
+            message = await self.io.receive()
+            if isinstance(message, bytes):
+                raise CloseSocket(4001, "the first frame must be auth, not audio")
+            try:
+                verb = w.decode_verb(message)
+            except w.FrameRejected as exc:
+                if _is_auth(message):
+                    raise CloseSocket(4009, str(exc)) from None
+                raise CloseSocket(4001, "the first frame must be auth") from None
+            except w.FrameInvalid as exc:
+                raise CloseSocket(4009, str(exc)) from None
+            if not isinstance(verb, w.Auth):
+                raise CloseSocket(4001, f"the first frame must be auth, not {verb.TYPE}")
+            return verb
+        raise CloseSocket(4001, "no auth frame within 10 seconds")
+
+    async def _leave(self) -> None:
+        if self.recording is not None:
+            self._close_recording()
+        self.service.connections.discard(self)
+        if self._counted:
+            self._counted = False
+            self.service.uncount(self.end_user_id, self.token_id)
+        if self.call is not None:
+            with trio.move_on_after(_UNWIND_S):
+                await self.call.detach(self)
+
+    async def _watch_idle(self) -> None:
+        idle_s = self.service.idle_seconds
+        while True:
+            deadline = self.last_activity + idle_s
+            if trio.current_time() >= deadline:
+                if self.busy:
+                    self.last_activity = trio.current_time()
+                    continue
+                self.close_nowait(4007, f"closed after {idle_s} seconds with no activity; ping does not count")
+                return
+            await trio.sleep_until(deadline)
+
+    # -- Verbs ---------------------------------------------------------------------------------
+
+    async def _on_verb(self, verb: w.Verb, nursery: trio.Nursery) -> None:
+        call = self.call
+        assert call is not None
+        if isinstance(verb, w.Auth):
+            raise CloseSocket(4009, "auth was already sent on this connection")
+        if isinstance(verb, w.UserMessage):
+            outcome = call.request_turn(self, _TurnRequest(text=verb.text, speech=verb.speech, thoughts=verb.thoughts is True))
+            if outcome == "conflict":
+                self.send(w.Error(code="conflict", message=_CONFLICT))
+        elif isinstance(verb, w.UserAudioStart):
+            await self._open_recording(verb, nursery)
+        elif isinstance(verb, w.UserAudioEnd):
+            self._end_recording(verb, nursery)
+        elif isinstance(verb, w.Cancel):
+            state = call.owned_turn(self)
+            if state is not None:
+                call.cancel_turn(state, "cancel")
+            if self.recording is not None:
+                self._close_recording()
+            if call.held is not None and call.held[0] is self:
+                call.held = None
+        elif isinstance(verb, w.Mute):
+            state = call.owned_turn(self)
+            if state is not None:
+                call.mute_turn(state)
+        elif isinstance(verb, w.ToolConfirmed):
+            self._confirm(verb)
+        elif isinstance(verb, w.ToolResult):
+            call.app_result(verb)
+
+    def _confirm(self, verb: w.ToolConfirmed) -> None:
+        call = self.call
+        assert call is not None and call.runtime is not None
+        try:
+            call.runtime.pending_confirmation(verb.call_id)
+        except ConfirmationNotWaiting:
+            self.send(w.Error(code="not_found", message=_NOT_WAITING))
+            return
+        request = _TurnRequest(text="Yes." if verb.yes else "No.", confirm_call_id=verb.call_id, yes=verb.yes, speech=verb.speech, thoughts=verb.thoughts is True)
+        if call.request_turn(self, request) == "conflict":
+            self.send(w.Error(code="conflict", message=_CONFLICT))
+
+    # -- Recordings ----------------------------------------------------------------------------
+
+    async def _open_recording(self, start: w.UserAudioStart, nursery: trio.Nursery) -> None:
+        call = self.call
+        assert call is not None and call.runtime is not None
+        if self.recording is not None:
+            self.send(
+                w.Error(
+                    code="invalid_request",
+                    message="a recording is already open: end it with user_audio.end first",
+                    recording_id=start.recording_id,
+                )
+            )
+            return
+        try:
+            stt = call.runtime.recognizer(start.language)
+        except ValueError as exc:
+            self.send(w.Error(code="validation_failed", message=f"language: {exc}", recording_id=start.recording_id))
+            return
+        if stt is None:
+            raise CloseSocket(4010, "this agent does not hear speech: it has no recognizer")
+        if start.model is not None and start.model != stt.provider:
+            self.send(
+                w.Error(
+                    code="validation_failed",
+                    message=f"model {start.model!r} is not available here; this agent transcribes with {stt.provider!r}",
+                    recording_id=start.recording_id,
+                )
+            )
+            return
+        rate = start.rate or HEARING_RATE_HZ
+        recording = _Recording(start=start, rate_hz=rate, stt=stt)
+        stream = None
+        if hasattr(stt, "open_stream"):
+            try:
+                stream = stt.open_stream(rate)
+            except ValueError as exc:
+                self.send(w.Error(code="validation_failed", message=f"rate: {exc}", recording_id=start.recording_id))
+                return
+        self.recording = recording
+        if stream is not None:
+            send, receive = trio.open_memory_channel[bytes](math.inf)
+            recording.feed = send
+            nursery.start_soon(self._recognize_partials, recording, stream, receive)
+        await trio.lowlevel.checkpoint()
+
+    def _on_audio(self, data: bytes) -> None:
+        recording = self.recording
+        if recording is None:
+            raise CloseSocket(4011, "binary audio with no user_audio.start before it")
+        if len(recording.audio) + len(data) > MAX_RECORDING_BYTES:
+            raise CloseSocket(4011, "the recording passed 10 MB: send long audio to POST /v1/transcriptions")
+        recording.audio += data
+        if recording.feed is not None:
+            recording.feed.send_nowait(data)
+
+    def _close_recording(self) -> None:
+        recording, self.recording = self.recording, None
+        if recording is not None:
+            if recording.feed is not None:
+                recording.feed.close()
+            recording.scope.cancel()
+
+    def _end_recording(self, end: w.UserAudioEnd, nursery: trio.Nursery) -> None:
+        call = self.call
+        assert call is not None
+        recording = self.recording
+        if end.discard and end.transcribe_only:
+            self.send(
+                w.Error(
+                    code="validation_failed",
+                    message="transcribe_only and discard exclude each other",
+                    recording_id=recording.recording_id if recording else None,
+                )
+            )
+            return
+        if end.discard:
+            self._close_recording()  # thrown away without a word
+            return
+        if recording is None:
+            self.send(w.Error(code="invalid_request", message="no recording is open: send user_audio.start first"))
+            return
+        if len(recording.audio) < 2:
+            self._close_recording()
+            self.send(w.Error(code="invalid_request", message="nothing was recorded", recording_id=recording.recording_id))
+            return
+        if end.transcribe_only:
+            if self.transcribing >= MAX_TRANSCRIBING:
+                self.send(
+                    w.Error(
+                        code="rate_limited",
+                        message=f"{MAX_TRANSCRIBING} transcribe_only recordings are already in flight; the recording is still open",
+                        recording_id=recording.recording_id,
+                    )
+                )
+                return
+            self._close_recording()
+            self.transcribing += 1
+            nursery.start_soon(self._transcribe_only, recording)
+            return
+        request = _TurnRequest(recording=recording, speech=recording.start.speech, thoughts=recording.start.thoughts is True)
+        if call.request_turn(self, request) == "conflict":
+            self.send(w.Error(code="conflict", message=_CONFLICT, recording_id=recording.recording_id))
+            return
+        self._close_recording()
+
+    async def _recognize_partials(
+        self, recording: _Recording, stream: Any, chunks: trio.MemoryReceiveChannel[bytes]
+    ) -> None:
+        carry = b""
+        with recording.scope:
+            async with stream:
+                async for first in chunks:
+                    pieces = [carry, first]
+                    while True:
+                        try:
+                            pieces.append(chunks.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    data = b"".join(pieces)
+                    cut = len(data) // 2 * 2
+                    data, carry = data[:cut], data[cut:]
+                    # pocketsphinx holds the GIL while it decodes: feed it at most 100 ms
+                    # at a time, so the runner's other tasks run between the pieces.
+                    step = recording.rate_hz * 2 // 10
+                    text = None
+                    for start in range(0, len(data), step):
+                        try:
+                            text = await stream.feed(data[start : start + step]) or text
+                        except (ProviderError, ValueError, trio.ClosedResourceError) as exc:
+                            log.warning("partial recognition stopped: %s", exc)
+                            return
+                    if text and self.recording is recording:
+                        self.send(w.HeardPartial(text=text))
+                        call = self.call
+                        if recording.start.barge_in and not recording.barged and call is not None and call.is_person(text):
+                            recording.barged = True
+                            call.barge_in(self, text, recording.recording_id)
+
+    async def _transcribe_only(self, recording: _Recording) -> None:
+        request_id = "req_" + secrets.token_hex(8)
+        try:
+            text, seconds = await transcribe(recording)
+        except ProviderError as exc:
+            self.send(
+                w.Error(
+                    code="provider_failed",
+                    message=str(exc)[:500],
+                    stage="transcription",
+                    request_id=request_id,
+                    recording_id=recording.recording_id,
+                )
+            )
+        else:
+            self.send(
+                w.Transcript(
+                    text=text,
+                    audio_seconds=round(seconds, 3),
+                    request_id=request_id,
+                    recording_id=recording.recording_id,
+                )
+            )
+            if self.call is not None and seconds > 0:
+                try:
+                    spent = await self.service.store.charge(
+                        conversation_id=self.call.conversation_id,
+                        turn_id=request_id,
+                        token_id=self.token_id,
+                        end_user_id=self.end_user_id,
+                        rows=[transcription_row(seconds)],
+                    )
+                except Exception:
+                    log.exception("the usage of a transcription was not stored")
+                else:
+                    self.service.after_charge(self.token_id, spent)
+        finally:
+            self.transcribing -= 1
+            self.check_close_after_turn()
+
+
+def _is_auth(message: str) -> bool:
+    try:
+        value = json.loads(message)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and value.get("type") == "auth"
+
+
