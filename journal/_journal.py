@@ -553,15 +553,7 @@ class Journal:
                     break
                 batch = list(item)
                 # Everything queued now goes in this batch: one transaction, one fsync.
-                while True:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stop = True
-                        break
-                    batch.extend(item)
+                stop = self._take_queued(batch)
                 try:
                     result: outcome.Outcome[Any] = outcome.Value(self._writer.write(batch))
                 except Exception as exc:
@@ -570,6 +562,17 @@ class Journal:
         finally:
             # Run after every _committed above (run_sync_soon keeps order).
             token.run_sync_soon(self._writer_stopped)
+
+    def _take_queued(self, into: list[_Pending]) -> bool:
+        """Move the appends queued for the writer into ``into``; True once the stop was among them."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if item is _STOP:
+                return True
+            into.extend(item)
 
     def _committed(self, batch: list[_Pending], result: outcome.Outcome[Any]) -> None:
         """In the Trio thread, once a batch committed (or failed): wake followers, then appenders."""
@@ -595,13 +598,8 @@ class Journal:
         # Nothing should be left, but a writer thread that died must not leave appenders waiting.
         self._closed = True
         left = self._gathering
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP:
-                left.extend(item)
+        # Nothing is queued after the stop: close_nowait puts it last and refuses appends after it.
+        self._take_queued(left)
         for pending in left:
             if pending.task is not None:
                 trio.lowlevel.reschedule(

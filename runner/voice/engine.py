@@ -355,8 +355,7 @@ class Turn:
                     failure = exc
                     nursery.cancel_scope.cancel()
                 else:
-                    for piece in chunker.flush():
-                        await self._chunk(piece, send_chunk)
+                    await self._flush(chunker, send_chunk)
         if failure is not None:
             raise failure
 
@@ -371,6 +370,11 @@ class Turn:
         self.text += text
         await self._emit(ReplyDelta(turn=self.id, text=text))
         for piece in chunker.feed(text):
+            await self._chunk(piece, send_chunk)
+
+    async def _flush(self, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
+        """Send what the chunker still holds, though its sentence is unfinished."""
+        for piece in chunker.flush():
             await self._chunk(piece, send_chunk)
 
     async def _chunk(self, piece: str, send_chunk: trio.MemorySendChannel[str]) -> None:
@@ -444,8 +448,7 @@ class Turn:
     async def _say_filler(self, line: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
         """Say ``line`` now, while the tool runs: it is part of the reply, as the caller hears it."""
         # Whatever the model wrote before calling the tool is said first, in order.
-        for piece in chunker.flush():
-            await self._chunk(piece, send_chunk)
+        await self._flush(chunker, send_chunk)
         text = line if not self.text or self.text[-1].isspace() else " " + line
         self.text += text
         self._after_filler = True
