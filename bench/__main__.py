@@ -43,15 +43,51 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario(name="journal", what="journal appends vs raw sqlite3; events stream over HTTP", quick_s=25, full_s=110, limit_s=400),
-    Scenario(name="redis_stream", what="events stream baseline: Redis Streams XADD/XREAD", quick_s=9, full_s=30, limit_s=200),
-    Scenario(name="calls", what="concurrent calls: start latency, memory per call, most calls held", quick_s=14, full_s=90, limit_s=300),
-    Scenario(name="agents_baseline", what="livekit-agents idle job processes (memory)", quick_s=10, full_s=20, limit_s=900),
-    Scenario(name="messages", what="host messages and agent-to-host records at 1, 100 and the most calls", quick_s=19, full_s=200, limit_s=600),
-    Scenario(name="turns", what="turn engine overhead vs a bare provider loop", quick_s=3, full_s=30, limit_s=300),
+    Scenario(
+        name="journal",
+        what="journal appends vs raw sqlite3; events stream over HTTP",
+        quick_s=25,
+        full_s=110,
+        limit_s=400,
+    ),
+    Scenario(
+        name="redis_stream",
+        what="events stream baseline: Redis Streams XADD/XREAD",
+        quick_s=9,
+        full_s=30,
+        limit_s=200,
+    ),
+    Scenario(
+        name="calls",
+        what="concurrent calls: start latency, memory per call, most calls held",
+        quick_s=14,
+        full_s=90,
+        limit_s=300,
+    ),
+    Scenario(
+        name="agents_baseline",
+        what="livekit-agents idle job processes (memory)",
+        quick_s=10,
+        full_s=20,
+        limit_s=900,
+    ),
+    Scenario(
+        name="messages",
+        what="host messages and agent-to-host records at 1, 100 and the most calls",
+        quick_s=19,
+        full_s=200,
+        limit_s=600,
+    ),
+    Scenario(
+        name="turns", what="turn engine overhead vs a bare provider loop", quick_s=3, full_s=30, limit_s=300
+    ),
     Scenario(name="websocket", what="WebSocket overhead vs in-process", quick_s=10, full_s=25, limit_s=700),
     Scenario(
-        name="livekit", what="calls through a real LiveKit server", quick_s=90, full_s=250, limit_s=400,
+        name="livekit",
+        what="calls through a real LiveKit server",
+        quick_s=90,
+        full_s=250,
+        limit_s=400,
         full_only="needs a LiveKit server in a private network namespace and several minutes; full mode only",
     ),
 )
@@ -103,7 +139,12 @@ def run_scenario(scenario: Scenario, *, quick: bool, extra: Sequence[str], log_d
     log = log_dir / f"{scenario.name}.log"
     with open(log, "w", encoding="utf-8") as out:
         process = subprocess.Popen(
-            command, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            command,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         tail: list[str] = []
 
@@ -131,14 +172,20 @@ def run_scenario(scenario: Scenario, *, quick: bool, extra: Sequence[str], log_d
             time.sleep(0.25)
         reader.join(timeout=5)
     seconds = time.perf_counter() - progress.began
-    result: dict[str, Any] = {"name": scenario.name, "command": "python -m " + " ".join(command[2:]),
-                              "seconds": seconds, "log": str(log.relative_to(ROOT))}
+    result: dict[str, Any] = {
+        "name": scenario.name,
+        "command": "python -m " + " ".join(command[2:]),
+        "seconds": seconds,
+        "log": str(log.relative_to(ROOT)),
+    }
     path = RESULTS_DIR / f"{scenario.name}-latest.json"
     fresh = path.exists() and path.stat().st_mtime >= began_wall - 1
     if timed_out:
         result.update(status="failed", reason=f"stopped after its {scenario.limit_s:.0f} s limit")
     elif process.returncode != 0 or not fresh:
-        result.update(status="failed", reason=f"exit {process.returncode}: " + "".join(tail[-6:]).strip()[-800:])
+        result.update(
+            status="failed", reason=f"exit {process.returncode}: " + "".join(tail[-6:]).strip()[-800:]
+        )
     else:
         data = json.loads(path.read_text(encoding="utf-8"))
         if "skipped" in data:
@@ -162,12 +209,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
     chosen = [s for s in SCENARIOS if not only or s.name in only]
     stamp = utc_stamp()
-    command = "python -m bench" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
+    command = (
+        "python -m bench" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
+    )
     log_dir = RESULTS_DIR / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
-    sys.stderr.write(f"{command}: {len(chosen)} scenario(s) on {machine['cores']} cores, {machine['cpu']},"
-                     f" Python {machine['python']}\n")
+    sys.stderr.write(
+        f"{command}: {len(chosen)} scenario(s) on {machine['cores']} cores, {machine['cpu']},"
+        f" Python {machine['python']}\n"
+    )
     began = time.perf_counter()
     runs: dict[str, dict[str, Any]] = {}
     for scenario in chosen:
@@ -199,8 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     report_path = report.write_report(combined, stamp, plots=not args.no_plots)
 
     print()
-    print(f"{command} ({combined['profile']}, {combined['seconds']:.0f} s; {machine['cores']} cores,"
-          f" {machine['cpu']}, Python {machine['python']})")
+    print(
+        f"{command} ({combined['profile']}, {combined['seconds']:.0f} s; {machine['cores']} cores,"
+        f" {machine['cpu']}, Python {machine['python']})"
+    )
     print_table(("scenario", "figure", "value", "baseline", "ratio"), report.table_rows(summary))
     for line in report.status_lines(runs):
         print(line)

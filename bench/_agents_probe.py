@@ -22,11 +22,11 @@ import sys
 import time
 
 
-def prewarm(proc) -> None:  # noqa: ANN001 - livekit's JobProcess
+def prewarm(proc) -> None:
     return None
 
 
-async def entrypoint(ctx) -> None:  # noqa: ANN001 - livekit's JobContext
+async def entrypoint(ctx) -> None:
     return None
 
 

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -95,7 +95,6 @@ class Budget:
         return time.perf_counter() >= self.deadline
 
 
-
 def freeze_heap_as_the_runner_does() -> dict[str, float]:
     """Freeze the imported heap as ``runner serve`` does once warm; time a full collection before and after.
 
@@ -114,7 +113,12 @@ def freeze_heap_as_the_runner_does() -> dict[str, float]:
     before = full_collection_ms()
     tracked = len(gc.get_objects())
     freeze_startup_heap()
-    return {"tracked_objects": tracked, "full_collection_ms": before, "frozen_full_collection_ms": full_collection_ms()}
+    return {
+        "tracked_objects": tracked,
+        "full_collection_ms": before,
+        "frozen_full_collection_ms": full_collection_ms(),
+    }
+
 
 # -- machine and results ----------------------------------------------------------------------
 
@@ -130,7 +134,9 @@ def _filesystem_of(path: Path) -> str:
                     continue
                 point = parts[1]
                 resolved = str(path.resolve())
-                if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) > len(
+                    best
+                ):
                     best, kind = point, parts[2]
     except OSError:
         pass
@@ -166,7 +172,10 @@ def machine_info(data_dir: Path | None = None) -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "platform": platform.platform(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "packages": {name: _version(name) for name in ("trio", "hypercorn", "quart-trio", "quart", "h11", "sqlite-utils")},
+        "packages": {
+            name: _version(name)
+            for name in ("trio", "hypercorn", "quart-trio", "quart", "h11", "sqlite-utils")
+        },
     }
     if data_dir is not None:
         info["data_dir"] = str(data_dir)
@@ -207,7 +216,10 @@ def cpu_report(start: CpuSample, end: CpuSample) -> dict[str, Any]:
     figures are trustworthy only when it is near zero.
     """
     wall = end.wall - start.wall
-    report: dict[str, Any] = {"seconds": wall, "own_cores": (end.own_s - start.own_s) / wall if wall else None}
+    report: dict[str, Any] = {
+        "seconds": wall,
+        "own_cores": (end.own_s - start.own_s) / wall if wall else None,
+    }
     if start.machine_busy_s is not None and end.machine_busy_s is not None and wall:
         machine = (end.machine_busy_s - start.machine_busy_s) / wall
         report["machine_cores_busy"] = machine
@@ -218,7 +230,7 @@ def cpu_report(start: CpuSample, end: CpuSample) -> dict[str, Any]:
 
 def utc_stamp(moment: datetime | None = None) -> str:
     """``20250101T120000Z``: sortable, and safe in a file name."""
-    return (moment or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return (moment or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
 
 
 def write_results(name: str, data: Mapping[str, Any], directory: Path = RESULTS_DIR) -> Path:

@@ -41,9 +41,15 @@ def ensure_venv() -> Path | str:
         return python
     say(f"  installing livekit-agents into {VENV} (once; about a minute)")
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, capture_output=True, timeout=120)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "livekit-agents"], check=True,
-                       capture_output=True, timeout=600)
+        subprocess.run(
+            [sys.executable, "-m", "venv", str(VENV)], check=True, capture_output=True, timeout=120
+        )
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "livekit-agents"],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
         return f"could not install livekit-agents ({error}); install with: {INSTALL_HINT}"
     return python
@@ -51,8 +57,9 @@ def ensure_venv() -> Path | str:
 
 def probe(python: Path, idle: int) -> dict[str, Any]:
     # -P: do not put bench/ on sys.path, where bench/livekit.py would shadow the livekit package.
-    done = subprocess.run([str(python), "-P", str(PROBE), str(idle)], capture_output=True, text=True,
-                          timeout=120, cwd="/tmp")
+    done = subprocess.run(
+        [str(python), "-P", str(PROBE), str(idle)], capture_output=True, text=True, timeout=120, cwd="/tmp"
+    )
     if done.returncode != 0:
         raise RuntimeError(f"probe failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -67,8 +74,8 @@ def run(quick: bool) -> dict[str, Any]:
         "machine": machine_info(),
         "parameters": {"idle_processes": list(levels)},
         "notes": "ProcPool on a forkserver context preloading livekit.agents.ipc._preload(+_freeze),"
-                 " JobExecutorType.PROCESS, empty prewarm and entrypoint, no plugins, no LiveKit server;"
-                 " memory from /proc/<pid>/smaps_rollup 2 s after the processes were ready",
+        " JobExecutorType.PROCESS, empty prewarm and entrypoint, no plugins, no LiveKit server;"
+        " memory from /proc/<pid>/smaps_rollup 2 s after the processes were ready",
     }
     python = ensure_venv()
     if isinstance(python, str):
@@ -81,8 +88,10 @@ def run(quick: bool) -> dict[str, Any]:
         got = probe(python, idle)
         runs.append(got)
         job = got["jobs"][0]
-        say(f"  {idle} idle job process(es): each RSS {fmt(job['rss_mib'])} MiB, PSS {fmt(job['pss_mib'])} MiB,"
-            f" USS {fmt(job['uss_mib'])} MiB; ready in {fmt(got['ready_seconds'])} s")
+        say(
+            f"  {idle} idle job process(es): each RSS {fmt(job['rss_mib'])} MiB, PSS {fmt(job['pss_mib'])} MiB,"
+            f" USS {fmt(job['uss_mib'])} MiB; ready in {fmt(got['ready_seconds'])} s"
+        )
     results["seconds"] = time.perf_counter() - began
     results["finished_at_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results["livekit_agents"] = runs[0]["livekit_agents"]
@@ -108,7 +117,9 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.agents_baseline", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.agents_baseline", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="1 and 4 idle processes (full: 1, 4, 8)")
     args = parser.parse_args(argv)
     results = run(args.quick)
@@ -116,11 +127,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "skipped" in results:
         print(f"agents_baseline skipped: {results['skipped']}\nresults: {path}")
         return 0
-    rows = [[f"{r['jobs']} idle job(s): worker+forkserver+jobs PSS, MiB", fmt(r["total_pss_mib"]),
-             f"USS per job {fmt(r['per_job_uss_mib'])} MiB"] for r in results["total_pss_mib_by_jobs"]]
+    rows = [
+        [
+            f"{r['jobs']} idle job(s): worker+forkserver+jobs PSS, MiB",
+            fmt(r["total_pss_mib"]),
+            f"USS per job {fmt(r['per_job_uss_mib'])} MiB",
+        ]
+        for r in results["total_pss_mib_by_jobs"]
+    ]
     job = results["idle_job"]
-    rows.insert(0, ["one idle job process, RSS MiB", fmt(job["rss_mib"]),
-                    f"PSS {fmt(job['pss_mib'])}, USS {fmt(job['uss_mib'])}"])
+    rows.insert(
+        0,
+        [
+            "one idle job process, RSS MiB",
+            fmt(job["rss_mib"]),
+            f"PSS {fmt(job['pss_mib'])}, USS {fmt(job['uss_mib'])}",
+        ],
+    )
     print(f"\n{results['command']} (livekit-agents {results['livekit_agents']})")
     print_table(("figure", "value", "note"), rows)
     print(f"results: {path}")

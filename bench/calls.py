@@ -45,7 +45,17 @@ from runner.config import Config
 from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport
 
-from ._common import Budget, fmt, freeze_heap_as_the_runner_does, machine_info, print_table, ratio, say, summarize, write_results
+from ._common import (
+    Budget,
+    fmt,
+    freeze_heap_as_the_runner_does,
+    machine_info,
+    print_table,
+    ratio,
+    say,
+    summarize,
+    write_results,
+)
 
 TOKEN = "bench-calls-token"
 LATENCY_DEGRADED = 3.0  # a level whose start p50 is this many times level 1's has degraded
@@ -159,8 +169,12 @@ async def open_runner(data_dir: Path, name: str, max_sessions: int):  # type: ig
             with trio.fail_after(30):
                 address, runner = await nursery.start(
                     partial(
-                        serve_runner, config, token=TOKEN, transports=[LoopbackTransport()],
-                        conversation_factory=None, handle_signals=False,
+                        serve_runner,
+                        config,
+                        token=TOKEN,
+                        transports=[LoopbackTransport()],
+                        conversation_factory=None,
+                        handle_signals=False,
                     )
                 )
             limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -181,7 +195,10 @@ async def open_runner(data_dir: Path, name: str, max_sessions: int):  # type: ig
 
 async def measure_latency(profile: Profile, data_dir: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    async with open_runner(data_dir, "latency", max_sessions=profile.concurrent_clients + 10) as (runner, api):
+    async with open_runner(data_dir, "latency", max_sessions=profile.concurrent_clients + 10) as (
+        runner,
+        api,
+    ):
         # Warm up: imports, the first connections, the journal's first pages.
         for i in range(20):
             await api.start(f"warm-{i}")
@@ -225,8 +242,10 @@ async def measure_latency(profile: Profile, data_dir: Path) -> dict[str, Any]:
             "stop_ms": _ms(stops),
             "calls_per_s": len(starts) / elapsed,
         }
-        say(f"  sequential: {len(starts)} calls, start p50 {fmt(results['sequential']['start_ms']['p50'])} ms,"
-            f" p99 {fmt(results['sequential']['start_ms']['p99'])} ms (health p50 {fmt(results['health_ms']['p50'])} ms)")
+        say(
+            f"  sequential: {len(starts)} calls, start p50 {fmt(results['sequential']['start_ms']['p50'])} ms,"
+            f" p99 {fmt(results['sequential']['start_ms']['p99'])} ms (health p50 {fmt(results['health_ms']['p50'])} ms)"
+        )
 
         starts = []
         budget = Budget(profile.concurrent_calls, profile.concurrent_seconds)
@@ -250,8 +269,10 @@ async def measure_latency(profile: Profile, data_dir: Path) -> dict[str, Any]:
             "start_ms": _ms(starts),
             "calls_per_s": len(starts) / elapsed,
         }
-        say(f"  {profile.concurrent_clients} clients: {len(starts)} calls, start p50"
-            f" {fmt(results['concurrent']['start_ms']['p50'])} ms, p99 {fmt(results['concurrent']['start_ms']['p99'])} ms")
+        say(
+            f"  {profile.concurrent_clients} clients: {len(starts)} calls, start p50"
+            f" {fmt(results['concurrent']['start_ms']['p50'])} ms, p99 {fmt(results['concurrent']['start_ms']['p99'])} ms"
+        )
         assert not runner.calls, "every measured call was stopped"
     return results
 
@@ -335,16 +356,20 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 if again.get("p50", float("inf")) < row["start_ms"].get("p50", float("inf")):
                     row["start_ms"] = again
                 degraded = _degraded(levels)
-            say(f"  held {level:>6}: RSS {fmt(row['rss_mib'])} MiB, {fmt(row['rss_per_call_kib'])} KiB/call"
+            say(
+                f"  held {level:>6}: RSS {fmt(row['rss_mib'])} MiB, {fmt(row['rss_per_call_kib'])} KiB/call"
                 f" ({fmt(row['rss_per_added_call_kib'])} KiB per added call), start p50"
                 f" {fmt(row['start_ms'].get('p50'))} ms p99 {fmt(row['start_ms'].get('p99'))} ms,"
-                f" GET /v1/runner {fmt(row['runner_status_ms'])} ms, filled at {fmt(row['fill_calls_per_s'])} calls/s")
+                f" GET /v1/runner {fmt(row['runner_status_ms'])} ms, filled at {fmt(row['fill_calls_per_s'])} calls/s"
+            )
             if degraded:
                 row["degraded"] = degraded
                 stopped_because = f"degraded at {level}: {degraded}"
                 break
             if row["available_share"] < MIN_AVAILABLE_SHARE:
-                stopped_because = f"memory: {row['available_share']:.0%} of the machine's memory left at {level}"
+                stopped_because = (
+                    f"memory: {row['available_share']:.0%} of the machine's memory left at {level}"
+                )
                 break
             if time.perf_counter() >= ramp_deadline and level != cap:
                 stopped_because = f"time: the ramp's time ran out after {level}"
@@ -398,26 +423,43 @@ async def _run(profile: Profile, data_dir: Path) -> dict[str, Any]:
 def _table(got: dict[str, Any]) -> list[list[str]]:
     latency, held = got["latency"], got["held"]
     rows = []
-    for key, health in (("sequential", latency["health_ms"]), ("concurrent", latency["health_concurrent_ms"])):
+    for key, health in (
+        ("sequential", latency["health_ms"]),
+        ("concurrent", latency["health_concurrent_ms"]),
+    ):
         row = latency[key]
         start = row["start_ms"]
-        rows.append([
-            f"start to connected, {row['clients']} client{'s' if row['clients'] > 1 else ''}, ms",
-            f"p50 {fmt(start['p50'])}  p99 {fmt(start['p99'])}",
-            f"{fmt(row['calls_per_s'])} calls/s ({row['calls']} calls)",
-            f"{fmt(ratio(start['p50'], health['p50']))}x GET /health p50 at the same concurrency ({fmt(health['p50'])} ms)",
-        ])
+        rows.append(
+            [
+                f"start to connected, {row['clients']} client{'s' if row['clients'] > 1 else ''}, ms",
+                f"p50 {fmt(start['p50'])}  p99 {fmt(start['p99'])}",
+                f"{fmt(row['calls_per_s'])} calls/s ({row['calls']} calls)",
+                f"{fmt(ratio(start['p50'], health['p50']))}x GET /health p50 at the same concurrency ({fmt(health['p50'])} ms)",
+            ]
+        )
     stop = latency["sequential"]["stop_ms"]
-    rows.append(["stop (DELETE) to ended, 1 client, ms", f"p50 {fmt(stop['p50'])}  p99 {fmt(stop['p99'])}", "", ""])
+    rows.append(
+        ["stop (DELETE) to ended, 1 client, ms", f"p50 {fmt(stop['p50'])}  p99 {fmt(stop['p99'])}", "", ""]
+    )
     for row in held["levels"]:
         start = row["start_ms"]
-        rows.append([
-            f"held {row['held']}",
-            f"RSS {fmt(row['rss_mib'])} MiB, {fmt(row['rss_per_call_kib'])} KiB/call",
-            f"start p50 {fmt(start.get('p50'))} p99 {fmt(start.get('p99'))} ms",
-            f"GET /v1/runner {fmt(row['runner_status_ms'])} ms" + (f"; DEGRADED: {row['degraded']}" if "degraded" in row else ""),
-        ])
-    rows.append(["most calls held without degrading", str(held["held_max"]), f"stopped: {held['stopped_because']}", ""])
+        rows.append(
+            [
+                f"held {row['held']}",
+                f"RSS {fmt(row['rss_mib'])} MiB, {fmt(row['rss_per_call_kib'])} KiB/call",
+                f"start p50 {fmt(start.get('p50'))} p99 {fmt(start.get('p99'))} ms",
+                f"GET /v1/runner {fmt(row['runner_status_ms'])} ms"
+                + (f"; DEGRADED: {row['degraded']}" if "degraded" in row else ""),
+            ]
+        )
+    rows.append(
+        [
+            "most calls held without degrading",
+            str(held["held_max"]),
+            f"stopped: {held['stopped_because']}",
+            "",
+        ]
+    )
     drain = held["drain"]
     rows.append(["drain of the held calls", f"{fmt(drain['seconds'])} s", f"{drain['calls']} calls", ""])
     return rows
@@ -426,7 +468,9 @@ def _table(got: dict[str, Any]) -> list[list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.calls", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short profile (under a minute)")
-    parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the journals go")
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the journals go"
+    )
     args = parser.parse_args(argv)
     freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
@@ -434,7 +478,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.calls" + (" --quick" if args.quick else "")
     machine = machine_info(data_dir)
-    say(f"{command}: {machine['cores']} cores, Python {machine['python']}, data on {machine['data_filesystem']}")
+    say(
+        f"{command}: {machine['cores']} cores, Python {machine['python']}, data on {machine['data_filesystem']}"
+    )
     began = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # the runners' lifecycle lines
         got = trio.run(_run, profile, data_dir)
@@ -460,8 +506,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     path = write_results("calls", results)
     print()
-    print(f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']},"
-          f" data on {machine['data_filesystem']})")
+    print(
+        f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']},"
+        f" data on {machine['data_filesystem']})"
+    )
     print_table(("figure", "value", "rate", "note"), rows)
     print(f"results: {path}")
     return 0

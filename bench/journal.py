@@ -191,11 +191,19 @@ def _raw_trial(
                 name = f"p{k}"
                 touched[name] = seqs[k]
                 rows.append(
-                    (envelope, name, seqs[k], "conversation", at, json.dumps(_body(seqs[k]), separators=(",", ":")))
+                    (
+                        envelope,
+                        name,
+                        seqs[k],
+                        "conversation",
+                        at,
+                        json.dumps(_body(seqs[k]), separators=(",", ":")),
+                    )
                 )
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany(
-                "INSERT INTO records (envelope, producer, seq, class, at, body) VALUES (?, ?, ?, ?, ?, ?)", rows
+                "INSERT INTO records (envelope, producer, seq, class, at, body) VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
             )
             if journal_sql:
                 conn.executemany(
@@ -210,7 +218,13 @@ def _raw_trial(
         elapsed = time.perf_counter() - budget.started
     finally:
         conn.close()
-    return {"batch": batch, "records": done, "seconds": elapsed, "records_per_s": done / elapsed, "commits": commits}
+    return {
+        "batch": batch,
+        "records": done,
+        "seconds": elapsed,
+        "records_per_s": done / elapsed,
+        "commits": commits,
+    }
 
 
 async def _hand_off_round_trips(count: int) -> list[float]:
@@ -240,7 +254,9 @@ async def _hand_off_round_trips(count: int) -> list[float]:
 def measure_appends(profile: Profile, data_dir: Path) -> dict[str, Any]:
     rows = []
     for producers in profile.producers:
-        records = profile.append_records_single if producers == 1 else max(profile.append_records, 20 * producers)
+        records = (
+            profile.append_records_single if producers == 1 else max(profile.append_records, 20 * producers)
+        )
         trials = []
         for rep in range(profile.append_reps):
             with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
@@ -256,13 +272,20 @@ def measure_appends(profile: Profile, data_dir: Path) -> dict[str, Any]:
             batch = max(1, round(got["group_size"] or 1))
             with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
                 raw = _raw_trial(
-                    Path(tmp, "raw.db"), batch=batch, producers=producers, records=got["records"],
+                    Path(tmp, "raw.db"),
+                    batch=batch,
+                    producers=producers,
+                    records=got["records"],
                     seconds=profile.append_seconds,
                 )
             with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
                 raw_sql = _raw_trial(
-                    Path(tmp, "raw.db"), batch=batch, producers=producers, records=got["records"],
-                    seconds=profile.append_seconds, journal_sql=True,
+                    Path(tmp, "raw.db"),
+                    batch=batch,
+                    producers=producers,
+                    records=got["records"],
+                    seconds=profile.append_seconds,
+                    journal_sql=True,
                 )
             trials.append(
                 {
@@ -282,7 +305,9 @@ def measure_appends(profile: Profile, data_dir: Path) -> dict[str, Any]:
             "group_size": median(t["journal"]["group_size"] for t in trials),
             "journal_records_per_s": median(t["journal"]["records_per_s"] for t in trials),
             "raw_records_per_s": median(t["raw"]["records_per_s"] for t in trials),
-            "raw_with_journal_sql_records_per_s": median(t["raw_with_journal_sql"]["records_per_s"] for t in trials),
+            "raw_with_journal_sql_records_per_s": median(
+                t["raw_with_journal_sql"]["records_per_s"] for t in trials
+            ),
             "ratio": median(t["ratio"] for t in trials),
             "trials": trials,
         }
@@ -293,13 +318,18 @@ def measure_appends(profile: Profile, data_dir: Path) -> dict[str, Any]:
     for batch in profile.raw_sizes:
         with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
             got = _raw_trial(
-                Path(tmp, "raw.db"), batch=batch, producers=50, records=profile.raw_size_records,
+                Path(tmp, "raw.db"),
+                batch=batch,
+                producers=50,
+                records=profile.raw_size_records,
                 seconds=profile.raw_size_seconds,
             )
         say(f"  raw batch {batch}: {fmt(got['records_per_s'])}/s")
         fixed.append(got)
     hand_off = summarize(trio.run(_hand_off_round_trips, 2_000))
-    say(f"  thread hand-off round trip (the floor one producer pays per append): p50 {fmt(hand_off['p50'])} µs")
+    say(
+        f"  thread hand-off round trip (the floor one producer pays per append): p50 {fmt(hand_off['p50'])} µs"
+    )
     return {"by_producers": rows, "raw_fixed_batches": fixed, "hand_off_round_trip_us": hand_off}
 
 
@@ -333,7 +363,11 @@ async def _stream_trial(
     """F followers from the head while appenders write M records: lines/s per follower."""
     records = profile.stream_records
     head = journal.head
-    readers = [await EventsReader.connect(address, TOKEN, f"from={head}") for _ in range(followers)] if via_http else []
+    readers = (
+        [await EventsReader.connect(address, TOKEN, f"from={head}") for _ in range(followers)]
+        if via_http
+        else []
+    )
     for reader in readers:
         if reader.status != 200:
             raise RuntimeError(f"events stream answered {reader.status}: {reader.error_body!r}")
@@ -389,7 +423,11 @@ async def _latency_trial(
     """Paced appends stamped with monotonic ns; each follower notes when each line arrived."""
     total = int(profile.latency_rate * profile.latency_seconds / profile.latency_reps)
     head = journal.head
-    readers = [await EventsReader.connect(address, TOKEN, f"from={head}") for _ in range(followers)] if via_http else []
+    readers = (
+        [await EventsReader.connect(address, TOKEN, f"from={head}") for _ in range(followers)]
+        if via_http
+        else []
+    )
     latencies: list[list[int]] = [[] for _ in range(followers)]
     append_latencies: list[int] = []
 
@@ -437,8 +475,10 @@ async def _latency_trial(
                 await trio.sleep(0.001)
             paced_s = time.monotonic() - started
     if bound.cancelled_caught:
-        say(f"  latency F={followers} {'http' if via_http else 'in_process'}: followers still short after 15 s,"
-            f" received {[len(per) for per in latencies]} of {total}")
+        say(
+            f"  latency F={followers} {'http' if via_http else 'in_process'}: followers still short after 15 s,"
+            f" received {[len(per) for per in latencies]} of {total}"
+        )
     if via_http:
         await _close_readers(readers, profile.heartbeat_ms)
     pooled = [v for per in latencies for v in per]
@@ -485,10 +525,23 @@ async def _replay_trial(journal: Journal, address: str, journal_path: Path) -> d
         local_count += len(rows)
     local_s = time.perf_counter() - started
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
     async def replay(after: int) -> tuple[int, float]:
-        argv = [sys.executable, "-m", "runner", "replay", "--journal", str(journal_path), "--from", str(after), "--json"]
+        argv = [
+            sys.executable,
+            "-m",
+            "runner",
+            "replay",
+            "--journal",
+            str(journal_path),
+            "--from",
+            str(after),
+            "--json",
+        ]
         begun = time.perf_counter()
         with trio.fail_after(60):
             done = await trio.run_process(
@@ -525,7 +578,11 @@ async def _replay_trial(journal: Journal, address: str, journal_path: Path) -> d
         "window_records": expected,
         "stream": {"records": stream_count, "seconds": stream_s, "records_per_s": stream_count / stream_s},
         "in_process": {"records": local_count, "seconds": local_s, "records_per_s": local_count / local_s},
-        "replay_code_in_process": {"records": code_count, "seconds": code_s, "records_per_s": code_count / code_s},
+        "replay_code_in_process": {
+            "records": code_count,
+            "seconds": code_s,
+            "records_per_s": code_count / code_s,
+        },
         "replay_subprocess": subprocess_result,
     }
 
@@ -539,7 +596,11 @@ async def _measure_runner(profile: Profile, data_dir: Path) -> dict[str, Any]:
             with trio.fail_after(30):
                 address, runner = await nursery.start(
                     partial(
-                        serve_runner, config, token=TOKEN, transports=[], conversation_factory=None,
+                        serve_runner,
+                        config,
+                        token=TOKEN,
+                        transports=[],
+                        conversation_factory=None,
                         handle_signals=False,
                     )
                 )
@@ -625,12 +686,16 @@ def _summarize_runner(raw: dict[str, Any], profile: Profile) -> dict[str, Any]:
                 "http_ms": summarize([v for t in http for v in t["delivery_ns"]], scale=1e-6),
                 "in_process_ms": summarize([v for t in local for v in t["delivery_ns"]], scale=1e-6),
                 "http_samples_ms": thin([v * 1e-6 for t in http for v in t["delivery_ns"]]),
-                "append_return_ms": summarize([v for t in http + local for v in t["append_return_ns"]], scale=1e-6),
+                "append_return_ms": summarize(
+                    [v for t in http + local for v in t["append_return_ns"]], scale=1e-6
+                ),
                 "http_trial_median_ms": {
-                    q: median(summarize(t["delivery_ns"], scale=1e-6)[q] for t in http) for q in ("p50", "p99")
+                    q: median(summarize(t["delivery_ns"], scale=1e-6)[q] for t in http)
+                    for q in ("p50", "p99")
                 },
                 "in_process_trial_median_ms": {
-                    q: median(summarize(t["delivery_ns"], scale=1e-6)[q] for t in local) for q in ("p50", "p99")
+                    q: median(summarize(t["delivery_ns"], scale=1e-6)[q] for t in local)
+                    for q in ("p50", "p99")
                 },
                 "achieved_rate": median(t["achieved_rate"] for t in http + local),
                 "all_received": all(n >= t["records"] for t in http + local for n in t["received"]),
@@ -654,10 +719,16 @@ def _summarize_runner(raw: dict[str, Any], profile: Profile) -> dict[str, Any]:
         "replay_records_per_s": over_runs("records_per_s"),
         "replay_seconds": over_runs("seconds"),
         "replay_startup_seconds": over_runs("startup_seconds"),
-        "replay_code_in_process_records_per_s": median(t["replay_code_in_process"]["records_per_s"] for t in trials),
-        "replay_errors": [t["replay_subprocess"]["error"] for t in trials if "error" in t["replay_subprocess"]],
+        "replay_code_in_process_records_per_s": median(
+            t["replay_code_in_process"]["records_per_s"] for t in trials
+        ),
+        "replay_errors": [
+            t["replay_subprocess"]["error"] for t in trials if "error" in t["replay_subprocess"]
+        ],
         "all_complete": all(
-            t["stream"]["records"] == t["window_records"] == t["replay_subprocess"]["records"]
+            t["stream"]["records"]
+            == t["window_records"]
+            == t["replay_subprocess"]["records"]
             == t["replay_code_in_process"]["records"]
             for t in trials
         ),
@@ -685,8 +756,13 @@ def _table(appends: dict[str, Any], runner: dict[str, Any]) -> list[list[str]]:
         )
     hand_off = appends["hand_off_round_trip_us"]
     rows.append(
-        ["thread hand-off round trip p50 / p99, µs", f"{fmt(hand_off['p50'])} / {fmt(hand_off['p99'])}", "-", "-",
-         "each append pays one"]
+        [
+            "thread hand-off round trip p50 / p99, µs",
+            f"{fmt(hand_off['p50'])} / {fmt(hand_off['p99'])}",
+            "-",
+            "-",
+            "each append pays one",
+        ]
     )
     for row in runner["stream"]:
         rows.append(
@@ -745,7 +821,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.journal", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short profile (about 30 s)")
     parser.add_argument(
-        "--data-dir", type=Path, default=Path(tempfile.gettempdir()),
+        "--data-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()),
         help="where the SQLite files go; it must be a real disk for the fsync figures to mean anything",
     )
     args = parser.parse_args(argv)
@@ -755,10 +833,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.journal" + (" --quick" if args.quick else "")
     machine = machine_info(data_dir)
-    say(f"{command}: {machine['cores']} cores, Python {machine['python']}, SQLite {machine['sqlite']},"
-        f" data on {machine['data_filesystem']} ({data_dir})")
-    say(f"heap frozen as runner serve freezes it: a full collection took {fmt(heap['full_collection_ms'])} ms"
-        f" over {heap['tracked_objects']:,} objects, {fmt(heap['frozen_full_collection_ms'])} ms once frozen")
+    say(
+        f"{command}: {machine['cores']} cores, Python {machine['python']}, SQLite {machine['sqlite']},"
+        f" data on {machine['data_filesystem']} ({data_dir})"
+    )
+    say(
+        f"heap frozen as runner serve freezes it: a full collection took {fmt(heap['full_collection_ms'])} ms"
+        f" over {heap['tracked_objects']:,} objects, {fmt(heap['frozen_full_collection_ms'])} ms once frozen"
+    )
     began = time.perf_counter()
 
     say("1. append throughput (journal vs raw sqlite3 at the journal's group size)")
@@ -802,13 +884,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency": runner["latency"],
         "replay": runner["replay"],
         "trials": runner_raw,
-        "table": [dict(zip(("figure", "value", "baseline", "ratio", "note"), row, strict=True)) for row in rows],
+        "table": [
+            dict(zip(("figure", "value", "baseline", "ratio", "note"), row, strict=True)) for row in rows
+        ],
     }
     path = write_results("journal", results)
 
     print()
-    print(f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']},"
-          f" SQLite {machine['sqlite']}, data on {machine['data_filesystem']})")
+    print(
+        f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']},"
+        f" SQLite {machine['sqlite']}, data on {machine['data_filesystem']})"
+    )
     print_table(("figure", "value", "baseline", "ratio", "note"), rows)
     print()
     print(

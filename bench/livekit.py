@@ -37,7 +37,17 @@ from typing import Any
 import attrs
 import trio
 
-from ._common import Budget, cpu_report, cpu_sample, fmt, machine_info, print_table, say, summarize, write_results
+from ._common import (
+    Budget,
+    cpu_report,
+    cpu_sample,
+    fmt,
+    machine_info,
+    print_table,
+    say,
+    summarize,
+    write_results,
+)
 
 _LK_TESTS = Path(__file__).resolve().parents[1] / "tests" / "livekit"
 if str(_LK_TESTS) not in sys.path:
@@ -81,7 +91,12 @@ async def sentence_file(directory: Path) -> tuple[Path, int, float]:
 
 
 async def one_call(
-    env: LiveKitEnv, host: Any, index: int, profile: Profile, sentence: tuple[Path, int, float], out: dict[str, list[float]]
+    env: LiveKitEnv,
+    host: Any,
+    index: int,
+    profile: Profile,
+    sentence: tuple[Path, int, float],
+    out: dict[str, list[float]],
 ) -> None:
     path, rate, after_speech_s = sentence
     room = env.unique_room("bench")
@@ -111,10 +126,16 @@ async def one_call(
 async def run(profile: Profile) -> dict[str, Any]:
     binary = find_livekit_server()
     if binary is None:
-        raise SystemExit("livekit-server not found: run .ci/install-livekit-server (see docs/livekit-testing.md)")
+        raise SystemExit(
+            "livekit-server not found: run .ci/install-livekit-server (see docs/livekit-testing.md)"
+        )
     if os.geteuid() != 0:
         raise SystemExit("this benchmark makes a network namespace and must run as root")
-    out: dict[str, list[float]] = {"post_to_202_s": [], "post_to_agent_seen_s": [], "end_of_speech_to_first_audio_s": []}
+    out: dict[str, list[float]] = {
+        "post_to_202_s": [],
+        "post_to_agent_seen_s": [],
+        "end_of_speech_to_first_audio_s": [],
+    }
     with tempfile.TemporaryDirectory(prefix="bench-livekit-") as tmp:
         workdir = Path(tmp)
         server = LiveKitServer(binary, workdir / "server")
@@ -147,7 +168,9 @@ async def run(profile: Profile) -> dict[str, Any]:
             "post_to_202_ms": summarize(out["post_to_202_s"], scale=1000),
             "post_to_agent_seen_by_caller_ms": summarize(out["post_to_agent_seen_s"], scale=1000),
         },
-        "answer": {"end_of_speech_to_first_audio_ms": summarize(out["end_of_speech_to_first_audio_s"], scale=1000)},
+        "answer": {
+            "end_of_speech_to_first_audio_ms": summarize(out["end_of_speech_to_first_audio_s"], scale=1000)
+        },
         "samples_ms": {k: [round(v * 1000, 1) for v in values] for k, values in out.items()},
         "cpu": cpu_report(cpu_start, cpu_end),
     }
@@ -162,7 +185,11 @@ def _versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             return None
 
-    return {"livekit": version("livekit"), "livekit-api": version("livekit-api"), "server": "v1.13.5 (dev mode)"}
+    return {
+        "livekit": version("livekit"),
+        "livekit-api": version("livekit-api"),
+        "server": "v1.13.5 (dev mode)",
+    }
 
 
 def main() -> None:
@@ -182,7 +209,12 @@ def main() -> None:
 
 
 def _cells(summary: dict[str, float | int]) -> list[str]:
-    return [str(summary.get("n", 0)), fmt(summary.get("p50")), fmt(summary.get("p99")), fmt(summary.get("max"))]
+    return [
+        str(summary.get("n", 0)),
+        fmt(summary.get("p50")),
+        fmt(summary.get("p99")),
+        fmt(summary.get("max")),
+    ]
 
 
 if __name__ == "__main__":

@@ -46,9 +46,9 @@ from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport
 
 from ._common import (
+    RESULTS_DIR,
     Budget,
     EventsReader,
-    RESULTS_DIR,
     fmt,
     freeze_heap_as_the_runner_does,
     machine_info,
@@ -86,7 +86,9 @@ class Profile:
 
 
 QUICK = Profile(name="quick")
-FULL = Profile(name="full", round_trips=5_000, round_trip_seconds=40.0, echoes=3_000, echo_seconds=40.0, warmup=200)
+FULL = Profile(
+    name="full", round_trips=5_000, round_trip_seconds=40.0, echoes=3_000, echo_seconds=40.0, warmup=200
+)
 
 
 def _ms(values: Sequence[float]) -> dict[str, float | int]:
@@ -180,7 +182,9 @@ async def open_runner(data_dir: Path, max_sessions: int) -> AsyncIterator[tuple[
             limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
             headers = {"Authorization": f"Bearer {TOKEN}"}
             try:
-                async with httpx.AsyncClient(base_url=f"http://{address}", headers=headers, timeout=60, limits=limits) as client:
+                async with httpx.AsyncClient(
+                    base_url=f"http://{address}", headers=headers, timeout=60, limits=limits
+                ) as client:
                     yield address, Host(client)
             finally:
                 # Drain and let the runner return by itself (never cancel it mid-shutdown).
@@ -211,7 +215,9 @@ async def round_trips(host: Host, calls: Sequence[str], count: int, seconds: flo
     return _figures(1, calls, took, elapsed)
 
 
-async def concurrent_round_trips(host: Host, calls: Sequence[str], clients: int, count: int, seconds: float) -> dict[str, Any]:
+async def concurrent_round_trips(
+    host: Host, calls: Sequence[str], clients: int, count: int, seconds: float
+) -> dict[str, Any]:
     """``clients`` clients at once, each sending ``ping`` messages round-robin over ``calls``."""
     took: list[float] = []
     budget = Budget(count, seconds)
@@ -230,7 +236,9 @@ async def concurrent_round_trips(host: Host, calls: Sequence[str], clients: int,
     return _figures(clients, calls, took, elapsed)
 
 
-async def echo_latency(host: Host, pongs: Pongs, calls: Sequence[str], first: int, count: int, seconds: float) -> dict[str, Any]:
+async def echo_latency(
+    host: Host, pongs: Pongs, calls: Sequence[str], first: int, count: int, seconds: float
+) -> dict[str, Any]:
     """``echo`` messages one at a time: POST to 202, and POST to the host record on the stream."""
     to_record: list[float] = []
     to_answer: list[float] = []
@@ -245,7 +253,12 @@ async def echo_latency(host: Host, pongs: Pongs, calls: Sequence[str], first: in
         with trio.fail_after(10):
             await arrived.wait()
         to_record.append((pongs.arrived_ns[n] - began) / 1e9)
-    return {"calls_live": len(calls), "messages": len(to_record), "record_ms": _ms(to_record), "round_trip_ms": _ms(to_answer)}
+    return {
+        "calls_live": len(calls),
+        "messages": len(to_record),
+        "record_ms": _ms(to_record),
+        "round_trip_ms": _ms(to_answer),
+    }
 
 
 async def health_round_trips(host: Host, count: int, seconds: float) -> dict[str, Any]:
@@ -294,20 +307,28 @@ async def _run(profile: Profile, data_dir: Path, levels: Sequence[int]) -> dict[
                         async with trio.open_nursery() as starting:
                             for session_id in more:
                                 starting.start_soon(start_one, session_id)
-                        async with trio.open_nursery() as warming:  # each call's first message, out of the figures
+                        async with (
+                            trio.open_nursery() as warming
+                        ):  # each call's first message, out of the figures
                             for session_id in more:
                                 warming.start_soon(first_message, session_id)
                     live += more
                 calls = live[:level]
                 say(f"1. host-message round trip, {level} calls live")
                 row = {"calls_live": level}
-                row["health"] = await health_round_trips(host, profile.round_trips, profile.round_trip_seconds)
-                row["sequential"] = await round_trips(host, calls, profile.round_trips, profile.round_trip_seconds)
+                row["health"] = await health_round_trips(
+                    host, profile.round_trips, profile.round_trip_seconds
+                )
+                row["sequential"] = await round_trips(
+                    host, calls, profile.round_trips, profile.round_trip_seconds
+                )
                 row["concurrent"] = await concurrent_round_trips(
                     host, calls, CONCURRENT_CLIENTS, profile.round_trips, profile.round_trip_seconds
                 )
                 say(f"2. agent-to-host record latency, {level} calls live")
-                row["echo"] = await echo_latency(host, pongs, calls, n * 1_000_000, profile.echoes, profile.echo_seconds)
+                row["echo"] = await echo_latency(
+                    host, pongs, calls, n * 1_000_000, profile.echoes, profile.echo_seconds
+                )
                 results["levels"].append(row)
             nursery.cancel_scope.cancel()
         await reader.aclose()
@@ -331,22 +352,27 @@ def _table(got: dict[str, Any]) -> list[list[str]]:
         for key in ("sequential", "concurrent"):
             row = level[key]
             ms = row["round_trip_ms"]
-            rows.append([
-                f"POST message to 202, {n} call{'s' if n > 1 else ''} live,"
-                f" {row['clients']} client{'s' if row['clients'] > 1 else ''}, ms",
-                f"p50 {fmt(ms['p50'])}  p99 {fmt(ms['p99'])}",
-                f"{fmt(row['per_s'])} messages/s ({row['messages']})",
-                f"{fmt(ms['p50'] / health['p50'])}x GET /health p50 ({fmt(health['p50'])} ms, 1 client)"
-                if key == "sequential" else "",
-            ])
+            rows.append(
+                [
+                    f"POST message to 202, {n} call{'s' if n > 1 else ''} live,"
+                    f" {row['clients']} client{'s' if row['clients'] > 1 else ''}, ms",
+                    f"p50 {fmt(ms['p50'])}  p99 {fmt(ms['p99'])}",
+                    f"{fmt(row['per_s'])} messages/s ({row['messages']})",
+                    f"{fmt(ms['p50'] / health['p50'])}x GET /health p50 ({fmt(health['p50'])} ms, 1 client)"
+                    if key == "sequential"
+                    else "",
+                ]
+            )
         row = level["echo"]
         ms = row["record_ms"]
-        rows.append([
-            f"POST to host record on the stream, {n} call{'s' if n > 1 else ''} live, ms",
-            f"p50 {fmt(ms['p50'])}  p99 {fmt(ms['p99'])}",
-            f"({row['messages']} messages)",
-            f"{fmt(ms['p50'] / row['round_trip_ms']['p50'])}x its POST to 202 p50 ({fmt(row['round_trip_ms']['p50'])} ms)",
-        ])
+        rows.append(
+            [
+                f"POST to host record on the stream, {n} call{'s' if n > 1 else ''} live, ms",
+                f"p50 {fmt(ms['p50'])}  p99 {fmt(ms['p99'])}",
+                f"({row['messages']} messages)",
+                f"{fmt(ms['p50'] / row['round_trip_ms']['p50'])}x its POST to 202 p50 ({fmt(row['round_trip_ms']['p50'])} ms)",
+            ]
+        )
     return rows
 
 
@@ -361,9 +387,13 @@ def _most_calls_default() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.messages", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short profile (well under a minute)")
-    parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the journal goes")
     parser.add_argument(
-        "--most-calls", type=int, default=None,
+        "--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the journal goes"
+    )
+    parser.add_argument(
+        "--most-calls",
+        type=int,
+        default=None,
         help="the third level of live calls (default: the most calls bench.calls last held, or 1000)",
     )
     args = parser.parse_args(argv)
@@ -375,7 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.messages" + (" --quick" if args.quick else "")
     machine = machine_info(data_dir)
-    say(f"{command}: {machine['cores']} cores, Python {machine['python']}, data on {machine['data_filesystem']}")
+    say(
+        f"{command}: {machine['cores']} cores, Python {machine['python']}, data on {machine['data_filesystem']}"
+    )
     began = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # the runner's lifecycle lines
         got = trio.run(_run, profile, data_dir, levels)
@@ -395,8 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     path = write_results("messages", results)
     print()
-    print(f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']},"
-          f" data on {machine['data_filesystem']})")
+    print(
+        f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']},"
+        f" data on {machine['data_filesystem']})"
+    )
     print_table(("figure", "value", "rate", "baseline"), rows)
     print(f"results: {path}")
     return 0

@@ -54,9 +54,21 @@ class RedisServer:
         self.workdir = workdir
         self.process = subprocess.Popen(
             [
-                executable, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-                "--appendonly", "no", "--daemonize", "no", "--dir", str(workdir),
-                "--logfile", str(workdir / "redis.log"),
+                executable,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                str(workdir),
+                "--logfile",
+                str(workdir / "redis.log"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -91,8 +103,9 @@ def _body(i: int, **extra: Any) -> bytes:
     return json.dumps({"type": "event", "name": "bench.tick", "payload": {"i": i}, **extra}).encode()
 
 
-async def _stream_trial(redis_mod: Any, port: int, key: str, *, followers: int, records: int, appenders: int,
-                        retention: int) -> dict[str, Any]:
+async def _stream_trial(
+    redis_mod: Any, port: int, key: str, *, followers: int, records: int, appenders: int, retention: int
+) -> dict[str, Any]:
     pool = redis_mod.Redis(host="127.0.0.1", port=port, max_connections=appenders)
     readers = [redis_mod.Redis(host="127.0.0.1", port=port, max_connections=1) for _ in range(followers)]
     seen = [0] * followers
@@ -134,10 +147,14 @@ async def _stream_trial(redis_mod: Any, port: int, key: str, *, followers: int, 
     }
 
 
-async def _latency_trial(redis_mod: Any, port: int, key: str, *, followers: int, total: int, rate: int,
-                         retention: int) -> dict[str, Any]:
-    pool = redis_mod.Redis(connection_pool=redis_mod.BlockingConnectionPool(
-        host="127.0.0.1", port=port, max_connections=64, timeout=30))
+async def _latency_trial(
+    redis_mod: Any, port: int, key: str, *, followers: int, total: int, rate: int, retention: int
+) -> dict[str, Any]:
+    pool = redis_mod.Redis(
+        connection_pool=redis_mod.BlockingConnectionPool(
+            host="127.0.0.1", port=port, max_connections=64, timeout=30
+        )
+    )
     readers = [redis_mod.Redis(host="127.0.0.1", port=port, max_connections=1) for _ in range(followers)]
     latencies: list[list[int]] = [[] for _ in range(followers)]
     append_latencies: list[int] = []
@@ -191,24 +208,38 @@ async def _measure(redis_mod: Any, port: int, profile: Any, retention: int) -> d
         for followers in profile.stream_followers:
             n += 1
             got = await _stream_trial(
-                redis_mod, port, f"bench:{n}", followers=followers, records=profile.stream_records,
-                appenders=profile.stream_appenders, retention=retention,
+                redis_mod,
+                port,
+                f"bench:{n}",
+                followers=followers,
+                records=profile.stream_records,
+                appenders=profile.stream_appenders,
+                retention=retention,
             )
             stream.append(got)
-            say(f"  stream F={followers:<2} rep {rep + 1}: {fmt(got['median_lines_per_s'])} lines/s per follower,"
-                f" appends {fmt(got['append_records_per_s'])}/s")
+            say(
+                f"  stream F={followers:<2} rep {rep + 1}: {fmt(got['median_lines_per_s'])} lines/s per follower,"
+                f" appends {fmt(got['append_records_per_s'])}/s"
+            )
     total = int(profile.latency_rate * profile.latency_seconds / profile.latency_reps)
     for rep in range(profile.latency_reps):
         for followers in profile.stream_followers:
             n += 1
             got = await _latency_trial(
-                redis_mod, port, f"bench:{n}", followers=followers, total=total, rate=profile.latency_rate,
+                redis_mod,
+                port,
+                f"bench:{n}",
+                followers=followers,
+                total=total,
+                rate=profile.latency_rate,
                 retention=retention,
             )
             latency.append(got)
             d = summarize(got["delivery_ns"], scale=1e-6)
-            say(f"  latency F={followers:<2} rep {rep + 1}: p50 {fmt(d.get('p50'))} ms, p99 {fmt(d.get('p99'))} ms"
-                f" at {fmt(got['achieved_rate'])}/s")
+            say(
+                f"  latency F={followers:<2} rep {rep + 1}: p50 {fmt(d.get('p50'))} ms, p99 {fmt(d.get('p99'))} ms"
+                f" at {fmt(got['achieved_rate'])}/s"
+            )
     return {"stream": stream, "latency": latency}
 
 
@@ -216,26 +247,30 @@ def _summarize(raw: dict[str, Any], profile: Any) -> dict[str, Any]:
     stream, latency = [], []
     for followers in profile.stream_followers:
         trials = [t for t in raw["stream"] if t["followers"] == followers]
-        stream.append({
-            "followers": followers,
-            "lines_per_s_per_follower": median(t["median_lines_per_s"] for t in trials),
-            "slowest_lines_per_s": median(t["slowest_lines_per_s"] for t in trials),
-            "append_records_per_s": median(t["append_records_per_s"] for t in trials),
-            "all_complete": all(t["complete"] for t in trials),
-        })
+        stream.append(
+            {
+                "followers": followers,
+                "lines_per_s_per_follower": median(t["median_lines_per_s"] for t in trials),
+                "slowest_lines_per_s": median(t["slowest_lines_per_s"] for t in trials),
+                "append_records_per_s": median(t["append_records_per_s"] for t in trials),
+                "all_complete": all(t["complete"] for t in trials),
+            }
+        )
         trials = [t for t in raw["latency"] if t["followers"] == followers]
         pooled = [v * 1e-6 for t in trials for v in t["delivery_ns"]]
-        latency.append({
-            "followers": followers,
-            "rate": profile.latency_rate,
-            "records_per_trial": trials[0]["records"],
-            "trials": len(trials),
-            "ms": summarize(pooled),
-            "samples_ms": thin(pooled),
-            "append_return_ms": summarize([v * 1e-6 for t in trials for v in t["append_return_ns"]]),
-            "achieved_rate": median(t["achieved_rate"] for t in trials),
-            "all_received": all(n >= t["records"] for t in trials for n in t["received"]),
-        })
+        latency.append(
+            {
+                "followers": followers,
+                "rate": profile.latency_rate,
+                "records_per_trial": trials[0]["records"],
+                "trials": len(trials),
+                "ms": summarize(pooled),
+                "samples_ms": thin(pooled),
+                "append_return_ms": summarize([v * 1e-6 for t in trials for v in t["append_return_ns"]]),
+                "achieved_rate": median(t["achieved_rate"] for t in trials),
+                "all_received": all(n >= t["records"] for t in trials for n in t["received"]),
+            }
+        )
     return {"stream": stream, "latency": latency}
 
 
@@ -253,13 +288,17 @@ def run(quick: bool) -> dict[str, Any]:
         "command": command,
         "machine": machine_info(),
         "parameters": {
-            "stream_followers": list(profile.stream_followers), "stream_records": profile.stream_records,
-            "stream_appenders": profile.stream_appenders, "stream_reps": profile.stream_reps,
-            "latency_rate": profile.latency_rate, "latency_seconds": profile.latency_seconds,
-            "latency_reps": profile.latency_reps, "maxlen_approx": DEFAULT_RETENTION_RECORDS,
+            "stream_followers": list(profile.stream_followers),
+            "stream_records": profile.stream_records,
+            "stream_appenders": profile.stream_appenders,
+            "stream_reps": profile.stream_reps,
+            "latency_rate": profile.latency_rate,
+            "latency_seconds": profile.latency_seconds,
+            "latency_reps": profile.latency_reps,
+            "maxlen_approx": DEFAULT_RETENTION_RECORDS,
         },
         "notes": "redis-server in memory (--save '' --appendonly no): no fsync, unlike the journal;"
-                 " redis.asyncio client, appenders and followers on one asyncio loop in one process",
+        " redis.asyncio client, appenders and followers on one asyncio loop in one process",
     }
     executable = shutil.which("redis-server")
     try:
@@ -267,11 +306,15 @@ def run(quick: bool) -> dict[str, Any]:
     except ImportError:
         redis_mod = None
     if executable is None or redis_mod is None:
-        missing = "redis-server is not installed" if executable is None else "the redis package is not installed"
+        missing = (
+            "redis-server is not installed" if executable is None else "the redis package is not installed"
+        )
         results["skipped"] = f"{missing}; install with: {INSTALL_HINT}"
         say(f"  skipped: {results['skipped']}")
         return results
-    version = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    version = subprocess.run(
+        [executable, "--version"], capture_output=True, text=True, timeout=10
+    ).stdout.strip()
     results["machine"]["redis_server"] = version
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -300,14 +343,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     rows = []
     for row in results["stream"]:
-        rows.append([f"XREAD, {row['followers']} follower(s), lines/s each", fmt(row["lines_per_s_per_follower"]),
-                     f"XADD {fmt(row['append_records_per_s'])}/s"])
+        rows.append(
+            [
+                f"XREAD, {row['followers']} follower(s), lines/s each",
+                fmt(row["lines_per_s_per_follower"]),
+                f"XADD {fmt(row['append_records_per_s'])}/s",
+            ]
+        )
     for row in results["latency"]:
-        rows.append([f"XADD to XREAD, {row['followers']} follower(s) @{row['rate']}/s, ms",
-                     f"p50 {fmt(row['ms'].get('p50'))}  p99 {fmt(row['ms'].get('p99'))}",
-                     f"achieved {fmt(row['achieved_rate'])}/s"])
+        rows.append(
+            [
+                f"XADD to XREAD, {row['followers']} follower(s) @{row['rate']}/s, ms",
+                f"p50 {fmt(row['ms'].get('p50'))}  p99 {fmt(row['ms'].get('p99'))}",
+                f"achieved {fmt(row['achieved_rate'])}/s",
+            ]
+        )
     print()
-    print(f"{results['command']} ({results['profile']}, {results['seconds']:.0f} s; {results['machine']['redis_server']})")
+    print(
+        f"{results['command']} ({results['profile']}, {results['seconds']:.0f} s; {results['machine']['redis_server']})"
+    )
     print_table(("figure", "value", "note"), rows)
     print(f"results: {path}")
     return 0

@@ -12,7 +12,9 @@ from typing import Any
 
 from ._common import RESULTS_DIR, fmt, ratio
 
-FLAT_WITHIN = 1.5  # a figure "stays flat" when at the most calls it is no more than 1.5x worse than at the least
+FLAT_WITHIN = (
+    1.5  # a figure "stays flat" when at the most calls it is no more than 1.5x worse than at the least
+)
 
 
 def _ok(runs: Mapping[str, Any], name: str) -> dict[str, Any] | None:
@@ -20,11 +22,24 @@ def _ok(runs: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     return run["results"] if run and run.get("status") == "ok" else None
 
 
-def _row(scenario: str, figure: str, value: float | None, baseline: float | None, baseline_name: str,
-         unit: str, better: str) -> dict[str, Any]:
+def _row(
+    scenario: str,
+    figure: str,
+    value: float | None,
+    baseline: float | None,
+    baseline_name: str,
+    unit: str,
+    better: str,
+) -> dict[str, Any]:
     return {
-        "scenario": scenario, "figure": figure, "unit": unit, "value": value, "baseline": baseline,
-        "baseline_name": baseline_name, "ratio": ratio(value, baseline), "better": better,
+        "scenario": scenario,
+        "figure": figure,
+        "unit": unit,
+        "value": value,
+        "baseline": baseline,
+        "baseline_name": baseline_name,
+        "ratio": ratio(value, baseline),
+        "better": better,
     }
 
 
@@ -34,9 +49,16 @@ def _journal_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     rows = []
     for r in journal["append"]["by_producers"]:
-        row = _row("journal", f"append, {r['producers']} producers", r["journal_records_per_s"], r["raw_records_per_s"],
-                   f"raw sqlite3, batch {max(1, round(r['group_size']))}, WAL + synchronous=FULL; ratio: median of"
-                   " paired trials", "records/s", "higher")
+        row = _row(
+            "journal",
+            f"append, {r['producers']} producers",
+            r["journal_records_per_s"],
+            r["raw_records_per_s"],
+            f"raw sqlite3, batch {max(1, round(r['group_size']))}, WAL + synchronous=FULL; ratio: median of"
+            " paired trials",
+            "records/s",
+            "higher",
+        )
         # Each journal trial is paired with the raw trial run right after it (the disk's speed drifts):
         # the ratio is the median of those pairs, as bench.journal prints it, not of the two medians.
         row["ratio"] = r["ratio"]
@@ -54,16 +76,32 @@ def _stream_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     for r in journal["stream"]:
         peer = redis_stream.get(r["followers"])
         short = "" if r["all_complete"] else " (INCOMPLETE: a follower missed records)"
-        rows.append(_row("events stream", f"delivery, {r['followers']} follower(s), per follower{short}",
-                         r["http_lines_per_s_per_follower"], peer and peer["lines_per_s_per_follower"],
-                         "Redis Streams XADD MAXLEN~ / blocking XREAD", "lines/s", "higher"))
+        rows.append(
+            _row(
+                "events stream",
+                f"delivery, {r['followers']} follower(s), per follower{short}",
+                r["http_lines_per_s_per_follower"],
+                peer and peer["lines_per_s_per_follower"],
+                "Redis Streams XADD MAXLEN~ / blocking XREAD",
+                "lines/s",
+                "higher",
+            )
+        )
     for r in journal["latency"]:
         peer = redis_latency.get(r["followers"])
         short = "" if r["all_received"] else " (INCOMPLETE: a follower missed records)"
         for q in ("p50", "p99"):
-            rows.append(_row("events stream", f"append to client {q}, {r['followers']} follower(s) @{r['rate']}/s{short}",
-                             r["http_ms"].get(q), peer and peer["ms"].get(q),
-                             "Redis Streams XADD to XREAD", "ms", "lower"))
+            rows.append(
+                _row(
+                    "events stream",
+                    f"append to client {q}, {r['followers']} follower(s) @{r['rate']}/s{short}",
+                    r["http_ms"].get(q),
+                    peer and peer["ms"].get(q),
+                    "Redis Streams XADD to XREAD",
+                    "ms",
+                    "lower",
+                )
+            )
     return rows
 
 
@@ -75,23 +113,53 @@ def _calls_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     top = held["levels"][-1]
     job = agents["idle_job"] if agents else None
     rows = [
-        _row("calls", f"memory per live call at {top['held']} calls (RSS growth)", top["rss_per_added_call_kib"],
-             job and job["rss_mib"] * 1024, "livekit-agents: RSS of one idle job process", "KiB", "lower"),
-        _row("calls", f"memory per live call at {top['held']} calls (RSS growth)", top["rss_per_added_call_kib"],
-             job and job["uss_mib"] * 1024, "livekit-agents: USS (private memory) of one idle job process",
-             "KiB", "lower"),
+        _row(
+            "calls",
+            f"memory per live call at {top['held']} calls (RSS growth)",
+            top["rss_per_added_call_kib"],
+            job and job["rss_mib"] * 1024,
+            "livekit-agents: RSS of one idle job process",
+            "KiB",
+            "lower",
+        ),
+        _row(
+            "calls",
+            f"memory per live call at {top['held']} calls (RSS growth)",
+            top["rss_per_added_call_kib"],
+            job and job["uss_mib"] * 1024,
+            "livekit-agents: USS (private memory) of one idle job process",
+            "KiB",
+            "lower",
+        ),
     ]
     estimate = None
     if agents:
         one = agents["total_pss_mib_by_jobs"][0]
         per_job = agents["total_pss_mib_by_jobs"][-1]["per_job_uss_mib"]
         estimate = one["total_pss_mib"] + (held["held_max"] - 1) * per_job
-    rows.append(_row("calls", f"memory for the most calls held ({held['held_max']}, stopped: {held['stopped_because']})",
-                     top["rss_mib"], estimate,
-                     "livekit-agents: worker+forkserver+1 job PSS, + USS per extra job (extrapolated)", "MiB", "lower"))
+    rows.append(
+        _row(
+            "calls",
+            f"memory for the most calls held ({held['held_max']}, stopped: {held['stopped_because']})",
+            top["rss_mib"],
+            estimate,
+            "livekit-agents: worker+forkserver+1 job PSS, + USS per extra job (extrapolated)",
+            "MiB",
+            "lower",
+        )
+    )
     latency = calls["latency"]
-    rows.append(_row("calls", "start to connected p50, 1 client", latency["sequential"]["start_ms"]["p50"],
-                     latency["health_ms"]["p50"], "GET /health p50, same runner and client", "ms", "lower"))
+    rows.append(
+        _row(
+            "calls",
+            "start to connected p50, 1 client",
+            latency["sequential"]["start_ms"]["p50"],
+            latency["health_ms"]["p50"],
+            "GET /health p50, same runner and client",
+            "ms",
+            "lower",
+        )
+    )
     return rows
 
 
@@ -102,11 +170,28 @@ def _messages_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for level in messages["levels"]:
         n = level["calls_live"]
-        rows.append(_row("messages", f"POST message to 202 p50, {n} calls live", level["sequential"]["round_trip_ms"]["p50"],
-                         level["health"]["ms"]["p50"], "GET /health p50, same runner and client", "ms", "lower"))
-        rows.append(_row("messages", f"agent-to-host record on the stream p50, {n} calls live",
-                         level["echo"]["record_ms"]["p50"], level["echo"]["round_trip_ms"]["p50"],
-                         "the same message's POST to 202 p50", "ms", "lower"))
+        rows.append(
+            _row(
+                "messages",
+                f"POST message to 202 p50, {n} calls live",
+                level["sequential"]["round_trip_ms"]["p50"],
+                level["health"]["ms"]["p50"],
+                "GET /health p50, same runner and client",
+                "ms",
+                "lower",
+            )
+        )
+        rows.append(
+            _row(
+                "messages",
+                f"agent-to-host record on the stream p50, {n} calls live",
+                level["echo"]["record_ms"]["p50"],
+                level["echo"]["round_trip_ms"]["p50"],
+                "the same message's POST to 202 p50",
+                "ms",
+                "lower",
+            )
+        )
     return rows
 
 
@@ -116,10 +201,28 @@ def _turns_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     rows = []
     for name, s in turns["scenarios"].items():
-        rows.append(_row("turns", f"{name}: engine overhead p50 (total - providers)", s["engine"]["overhead_ms"]["p50"],
-                         s["baseline"]["overhead_ms"]["p50"], "bare provider loop, same providers", "ms", "lower"))
-        rows.append(_row("turns", f"{name}: turn total p50", s["engine"]["total_ms"]["p50"],
-                         s["baseline"]["total_ms"]["p50"], "bare provider loop, same providers", "ms", "lower"))
+        rows.append(
+            _row(
+                "turns",
+                f"{name}: engine overhead p50 (total - providers)",
+                s["engine"]["overhead_ms"]["p50"],
+                s["baseline"]["overhead_ms"]["p50"],
+                "bare provider loop, same providers",
+                "ms",
+                "lower",
+            )
+        )
+        rows.append(
+            _row(
+                "turns",
+                f"{name}: turn total p50",
+                s["engine"]["total_ms"]["p50"],
+                s["baseline"]["total_ms"]["p50"],
+                "bare provider loop, same providers",
+                "ms",
+                "lower",
+            )
+        )
     return rows
 
 
@@ -130,9 +233,21 @@ def _websocket_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     sockets = {"one": 1, "many": ws["parameters"].get("concurrent_sockets")}
     for key, count in sockets.items():
-        for metric, label in (("first_text_delta_ms", "first text.delta"), ("first_audio_byte_ms", "first audio byte")):
-            rows.append(_row("websocket", f"{label} p50, {count} socket(s)", ws["socket"][key][metric]["p50"],
-                             ws["in_process"][key][metric]["p50"], "the same turns in-process, no socket", "ms", "lower"))
+        for metric, label in (
+            ("first_text_delta_ms", "first text.delta"),
+            ("first_audio_byte_ms", "first audio byte"),
+        ):
+            rows.append(
+                _row(
+                    "websocket",
+                    f"{label} p50, {count} socket(s)",
+                    ws["socket"][key][metric]["p50"],
+                    ws["in_process"][key][metric]["p50"],
+                    "the same turns in-process, no socket",
+                    "ms",
+                    "lower",
+                )
+            )
     return rows
 
 
@@ -142,13 +257,30 @@ def _livekit_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     none = "no peer measured: it would need livekit-agents with its own STT/LLM/TTS stack"
     return [
-        _row("livekit", "POST /v1/sessions to 202 (agent in the room) p50", lk["join"]["post_to_202_ms"]["p50"], None, none, "ms", "lower"),
-        _row("livekit", "end of caller speech to first agent audio p50", lk["answer"]["end_of_speech_to_first_audio_ms"]["p50"],
-             None, none, "ms", "lower"),
+        _row(
+            "livekit",
+            "POST /v1/sessions to 202 (agent in the room) p50",
+            lk["join"]["post_to_202_ms"]["p50"],
+            None,
+            none,
+            "ms",
+            "lower",
+        ),
+        _row(
+            "livekit",
+            "end of caller speech to first agent audio p50",
+            lk["answer"]["end_of_speech_to_first_audio_ms"]["p50"],
+            None,
+            none,
+            "ms",
+            "lower",
+        ),
     ]
 
 
-def _growth(name: str, points: list[tuple[int, float]], unit: str, *, higher_better: bool = False) -> dict[str, Any] | None:
+def _growth(
+    name: str, points: list[tuple[int, float]], unit: str, *, higher_better: bool = False
+) -> dict[str, Any] | None:
     """How ``name`` moved from the fewest calls to the most; only a change for the worse breaks "flat"."""
     points = [(n, v) for n, v in points if v is not None and v > 0]
     if len(points) < 2:
@@ -157,9 +289,13 @@ def _growth(name: str, points: list[tuple[int, float]], unit: str, *, higher_bet
     growth = v1 / v0
     flat = growth >= 1 / FLAT_WITHIN if higher_better else growth <= FLAT_WITHIN
     return {
-        "figure": name, "unit": unit, "points": points, "growth": growth, "flat": flat,
+        "figure": name,
+        "unit": unit,
+        "points": points,
+        "growth": growth,
+        "flat": flat,
         "verdict": f"{name}: {fmt(v0)} {unit} at {n0} calls, {fmt(v1)} {unit} at {n1} calls (x{growth:.2f}):"
-                   f" {'flat' if flat else 'NOT flat'} (flat = no worse than {FLAT_WITHIN}x)",
+        f" {'flat' if flat else 'NOT flat'} (flat = no worse than {FLAT_WITHIN}x)",
     }
 
 
@@ -168,19 +304,66 @@ def _scaling(runs: Mapping[str, Any]) -> dict[str, Any]:
     calls = _ok(runs, "calls")
     if calls:
         levels = calls["held"]["levels"]
-        figures.append(_growth("memory per live call, cumulative (RSS growth since 1 call / calls added)",
-                               [(lv["held"], lv["rss_per_added_call_kib"]) for lv in levels if lv["held"] >= 100], "KiB"))
-        figures.append(_growth("call start p50 while holding calls", [(lv["held"], lv["start_ms"]["p50"]) for lv in levels], "ms"))
-        figures.append(_growth("call start p99 while holding calls", [(lv["held"], lv["start_ms"]["p99"]) for lv in levels], "ms"))
-        figures.append(_growth("GET /v1/runner while holding calls", [(lv["held"], lv["runner_status_ms"]) for lv in levels], "ms"))
+        figures.append(
+            _growth(
+                "memory per live call, cumulative (RSS growth since 1 call / calls added)",
+                [(lv["held"], lv["rss_per_added_call_kib"]) for lv in levels if lv["held"] >= 100],
+                "KiB",
+            )
+        )
+        figures.append(
+            _growth(
+                "call start p50 while holding calls",
+                [(lv["held"], lv["start_ms"]["p50"]) for lv in levels],
+                "ms",
+            )
+        )
+        figures.append(
+            _growth(
+                "call start p99 while holding calls",
+                [(lv["held"], lv["start_ms"]["p99"]) for lv in levels],
+                "ms",
+            )
+        )
+        figures.append(
+            _growth(
+                "GET /v1/runner while holding calls",
+                [(lv["held"], lv["runner_status_ms"]) for lv in levels],
+                "ms",
+            )
+        )
     messages = _ok(runs, "messages")
     if messages and "levels" in messages:
         levels = messages["levels"]
-        figures.append(_growth("host message POST p50", [(lv["calls_live"], lv["sequential"]["round_trip_ms"]["p50"]) for lv in levels], "ms"))
-        figures.append(_growth("host message POST p99", [(lv["calls_live"], lv["sequential"]["round_trip_ms"]["p99"]) for lv in levels], "ms"))
-        figures.append(_growth("host messages/s, 10 clients", [(lv["calls_live"], lv["concurrent"]["per_s"]) for lv in levels], "msg/s",
-                               higher_better=True))
-        figures.append(_growth("agent-to-host record p50", [(lv["calls_live"], lv["echo"]["record_ms"]["p50"]) for lv in levels], "ms"))
+        figures.append(
+            _growth(
+                "host message POST p50",
+                [(lv["calls_live"], lv["sequential"]["round_trip_ms"]["p50"]) for lv in levels],
+                "ms",
+            )
+        )
+        figures.append(
+            _growth(
+                "host message POST p99",
+                [(lv["calls_live"], lv["sequential"]["round_trip_ms"]["p99"]) for lv in levels],
+                "ms",
+            )
+        )
+        figures.append(
+            _growth(
+                "host messages/s, 10 clients",
+                [(lv["calls_live"], lv["concurrent"]["per_s"]) for lv in levels],
+                "msg/s",
+                higher_better=True,
+            )
+        )
+        figures.append(
+            _growth(
+                "agent-to-host record p50",
+                [(lv["calls_live"], lv["echo"]["record_ms"]["p50"]) for lv in levels],
+                "ms",
+            )
+        )
     figures = [f for f in figures if f]
     verdicts = [f["verdict"] for f in figures]
     steps = []
@@ -188,8 +371,13 @@ def _scaling(runs: Mapping[str, Any]) -> dict[str, Any]:
         levels = calls["held"]["levels"]
         for a, b in zip(levels, levels[1:]):
             added = b["held"] - a["held"]
-            steps.append({"from": a["held"], "to": b["held"],
-                          "kib_per_call": (b["rss_mib"] - a["rss_mib"]) * 1024 / added if added else None})
+            steps.append(
+                {
+                    "from": a["held"],
+                    "to": b["held"],
+                    "kib_per_call": (b["rss_mib"] - a["rss_mib"]) * 1024 / added if added else None,
+                }
+            )
         # RSS moves in pages and allocator arenas: only steps of 100+ added calls resolve a per-call cost.
         wide = [st for st in steps if st["to"] - st["from"] >= 100 and st["kib_per_call"]]
         text = ", ".join(f"{fmt(st['kib_per_call'])} KiB ({st['from']}->{st['to']})" for st in steps)
@@ -197,15 +385,24 @@ def _scaling(runs: Mapping[str, Any]) -> dict[str, Any]:
             values = [st["kib_per_call"] for st in wide]
             spread = max(values) / min(values)
             flat = spread <= FLAT_WITHIN
-            verdicts.insert(0, f"cost per call (marginal RSS per added call in each step: {text}) "
-                               + ("stays flat" if flat else "does NOT stay flat")
-                               + f" over the steps of 100+ calls, {wide[0]['from']} to {wide[-1]['to']} calls"
-                               f" (spread x{spread:.2f}, flat = within {FLAT_WITHIN}x)")
+            verdicts.insert(
+                0,
+                f"cost per call (marginal RSS per added call in each step: {text}) "
+                + ("stays flat" if flat else "does NOT stay flat")
+                + f" over the steps of 100+ calls, {wide[0]['from']} to {wide[-1]['to']} calls"
+                f" (spread x{spread:.2f}, flat = within {FLAT_WITHIN}x)",
+            )
     return {"figures": figures, "verdicts": verdicts, "flat_within": FLAT_WITHIN, "memory_steps": steps}
 
 
 ROW_BUILDERS: tuple[Callable[[Mapping[str, Any]], list[dict[str, Any]]], ...] = (
-    _journal_rows, _stream_rows, _calls_rows, _messages_rows, _turns_rows, _websocket_rows, _livekit_rows,
+    _journal_rows,
+    _stream_rows,
+    _calls_rows,
+    _messages_rows,
+    _turns_rows,
+    _websocket_rows,
+    _livekit_rows,
 )
 
 
@@ -228,15 +425,29 @@ def summarize(runs: Mapping[str, Any]) -> dict[str, Any]:
 def table_rows(summary: Mapping[str, Any]) -> list[list[str]]:
     out = []
     for r in summary["rows"]:
-        baseline = f"{fmt(r['baseline'])} ({r['baseline_name']})" if r["baseline"] is not None else f"- ({r['baseline_name']}: not measured)"
-        out.append([r["scenario"], f"{r['figure']}, {r['unit']}", fmt(r["value"]), baseline,
-                    (f"{r['ratio']:.3g}x" if r["ratio"] is not None else "-")])
+        baseline = (
+            f"{fmt(r['baseline'])} ({r['baseline_name']})"
+            if r["baseline"] is not None
+            else f"- ({r['baseline_name']}: not measured)"
+        )
+        out.append(
+            [
+                r["scenario"],
+                f"{r['figure']}, {r['unit']}",
+                fmt(r["value"]),
+                baseline,
+                (f"{r['ratio']:.3g}x" if r["ratio"] is not None else "-"),
+            ]
+        )
     return out
 
 
 def status_lines(runs: Mapping[str, Any]) -> list[str]:
-    return [f"{name}: {run['status']}" + (f" ({run['reason']})" if run.get("reason") else "")
-            for name, run in runs.items() if run["status"] != "ok"]
+    return [
+        f"{name}: {run['status']}" + (f" ({run['reason']})" if run.get("reason") else "")
+        for name, run in runs.items()
+        if run["status"] != "ok"
+    ]
 
 
 # -- plots ----------------------------------------------------------------------------------------
@@ -263,7 +474,9 @@ def _plots(combined: Mapping[str, Any], stamp: str) -> list[tuple[str, str]]:
         plt.close(fig)
         made.append((path.name, caption))
 
-    journal, redis, calls, messages, agents = (_ok(runs, n) for n in ("journal", "redis_stream", "calls", "messages", "agents_baseline"))
+    journal, redis, calls, messages, agents = (
+        _ok(runs, n) for n in ("journal", "redis_stream", "calls", "messages", "agents_baseline")
+    )
 
     # 1. latency distributions
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -286,9 +499,25 @@ def _plots(combined: Mapping[str, Any], stamp: str) -> list[tuple[str, str]]:
     if messages and "levels" in messages:
         xs = [lv["calls_live"] for lv in messages["levels"]]
         for key, label in (("p50", "p50"), ("p99", "p99")):
-            ax.plot(xs, [lv["sequential"]["round_trip_ms"][key] for lv in messages["levels"]], "o-", label=f"host message POST {label}")
-            ax.plot(xs, [lv["echo"]["record_ms"][key] for lv in messages["levels"]], "s--", label=f"agent-to-host record {label}")
-            ax.plot(xs, [lv["health"]["ms"][key] for lv in messages["levels"]], ":", color="grey", label=f"GET /health {label} (baseline)")
+            ax.plot(
+                xs,
+                [lv["sequential"]["round_trip_ms"][key] for lv in messages["levels"]],
+                "o-",
+                label=f"host message POST {label}",
+            )
+            ax.plot(
+                xs,
+                [lv["echo"]["record_ms"][key] for lv in messages["levels"]],
+                "s--",
+                label=f"agent-to-host record {label}",
+            )
+            ax.plot(
+                xs,
+                [lv["health"]["ms"][key] for lv in messages["levels"]],
+                ":",
+                color="grey",
+                label=f"GET /health {label} (baseline)",
+            )
     if calls:
         lv = calls["held"]["levels"]
         ax.plot([x["held"] for x in lv], [x["start_ms"]["p50"] for x in lv], "^-", label="call start p50")
@@ -300,15 +529,26 @@ def _plots(combined: Mapping[str, Any], stamp: str) -> list[tuple[str, str]]:
     ax.set_title("Latency percentiles against calls live")
     ax.grid(True, which="both", alpha=0.3)
     _legend(ax, 7)
-    save(fig, "latency", "Latency distributions: the events stream against Redis Streams (left); message, record and call-start percentiles as calls grow (right).")
+    save(
+        fig,
+        "latency",
+        "Latency distributions: the events stream against Redis Streams (left); message, record and call-start percentiles as calls grow (right).",
+    )
 
     # 2. throughput against load
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     ax = axes[0]
     if journal:
         rows = journal["append"]["by_producers"]
-        ax.plot([r["producers"] for r in rows], [r["journal_records_per_s"] for r in rows], "o-", label="journal")
-        ax.plot([r["producers"] for r in rows], [r["raw_records_per_s"] for r in rows], "s--", label="raw sqlite3, same batch")
+        ax.plot(
+            [r["producers"] for r in rows], [r["journal_records_per_s"] for r in rows], "o-", label="journal"
+        )
+        ax.plot(
+            [r["producers"] for r in rows],
+            [r["raw_records_per_s"] for r in rows],
+            "s--",
+            label="raw sqlite3, same batch",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("concurrent producers (log)")
     ax.set_ylabel("records/s")
@@ -317,9 +557,19 @@ def _plots(combined: Mapping[str, Any], stamp: str) -> list[tuple[str, str]]:
     _legend(ax, 8)
     ax = axes[1]
     if journal:
-        ax.plot([r["followers"] for r in journal["stream"]], [r["http_lines_per_s_per_follower"] for r in journal["stream"]], "o-", label="runner events stream")
+        ax.plot(
+            [r["followers"] for r in journal["stream"]],
+            [r["http_lines_per_s_per_follower"] for r in journal["stream"]],
+            "o-",
+            label="runner events stream",
+        )
     if redis:
-        ax.plot([r["followers"] for r in redis["stream"]], [r["lines_per_s_per_follower"] for r in redis["stream"]], "s--", label="Redis Streams")
+        ax.plot(
+            [r["followers"] for r in redis["stream"]],
+            [r["lines_per_s_per_follower"] for r in redis["stream"]],
+            "s--",
+            label="Redis Streams",
+        )
     ax.set_xlabel("followers")
     ax.set_ylabel("lines/s per follower")
     ax.set_title("Stream delivery throughput")
@@ -328,29 +578,63 @@ def _plots(combined: Mapping[str, Any], stamp: str) -> list[tuple[str, str]]:
     ax = axes[2]
     if messages and "levels" in messages:
         xs = [lv["calls_live"] for lv in messages["levels"]]
-        ax.plot(xs, [lv["sequential"]["per_s"] for lv in messages["levels"]], "o-", label="host messages/s, 1 client")
-        ax.plot(xs, [lv["concurrent"]["per_s"] for lv in messages["levels"]], "s-", label="host messages/s, 10 clients")
+        ax.plot(
+            xs,
+            [lv["sequential"]["per_s"] for lv in messages["levels"]],
+            "o-",
+            label="host messages/s, 1 client",
+        )
+        ax.plot(
+            xs,
+            [lv["concurrent"]["per_s"] for lv in messages["levels"]],
+            "s-",
+            label="host messages/s, 10 clients",
+        )
     if calls:
         lv = calls["held"]["levels"]
-        ax.plot([x["held"] for x in lv], [x["fill_calls_per_s"] for x in lv], "^--", label="call starts/s while filling")
+        ax.plot(
+            [x["held"] for x in lv],
+            [x["fill_calls_per_s"] for x in lv],
+            "^--",
+            label="call starts/s while filling",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("calls live (log)")
     ax.set_ylabel("per second")
     ax.set_title("Throughput against calls live")
     ax.grid(True, which="both", alpha=0.3)
     _legend(ax, 8)
-    save(fig, "throughput", "Throughput against load: journal appends against raw SQLite (left), stream delivery against Redis Streams (middle), messages and call starts as calls grow (right).")
+    save(
+        fig,
+        "throughput",
+        "Throughput against load: journal appends against raw SQLite (left), stream delivery against Redis Streams (middle), messages and call starts as calls grow (right).",
+    )
 
     # 3. memory per call against calls
     if calls:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
         lv = [x for x in calls["held"]["levels"] if x["held"] >= 10]
         ax = axes[0]
-        ax.plot([x["held"] for x in lv], [x["rss_per_added_call_kib"] or math.nan for x in lv], "o-", label="runner: RSS growth per added call")
+        ax.plot(
+            [x["held"] for x in lv],
+            [x["rss_per_added_call_kib"] or math.nan for x in lv],
+            "o-",
+            label="runner: RSS growth per added call",
+        )
         if agents:
             job = agents["idle_job"]
-            ax.axhline(job["rss_mib"] * 1024, color="red", ls="--", label=f"livekit-agents idle job RSS ({fmt(job['rss_mib'])} MiB)")
-            ax.axhline(job["uss_mib"] * 1024, color="orange", ls=":", label=f"livekit-agents idle job USS ({fmt(job['uss_mib'])} MiB)")
+            ax.axhline(
+                job["rss_mib"] * 1024,
+                color="red",
+                ls="--",
+                label=f"livekit-agents idle job RSS ({fmt(job['rss_mib'])} MiB)",
+            )
+            ax.axhline(
+                job["uss_mib"] * 1024,
+                color="orange",
+                ls=":",
+                label=f"livekit-agents idle job USS ({fmt(job['uss_mib'])} MiB)",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("calls held (log)")
@@ -361,14 +645,26 @@ def _plots(combined: Mapping[str, Any], stamp: str) -> list[tuple[str, str]]:
         ax = axes[1]
         all_levels = calls["held"]["levels"]
         xs = [x["held"] for x in all_levels]
-        ax.plot(xs, [x["rss_mib"] for x in all_levels], "o-", label="runner process RSS (runner + load client)")
+        ax.plot(
+            xs, [x["rss_mib"] for x in all_levels], "o-", label="runner process RSS (runner + load client)"
+        )
         if agents:
             one = agents["total_pss_mib_by_jobs"][0]
             per_job = agents["total_pss_mib_by_jobs"][-1]["per_job_uss_mib"]
-            ax.plot(xs, [one["total_pss_mib"] + (n - 1) * per_job for n in xs], "s--",
-                    label="livekit-agents: worker+forkserver PSS + USS per job (extrapolated)")
+            ax.plot(
+                xs,
+                [one["total_pss_mib"] + (n - 1) * per_job for n in xs],
+                "s--",
+                label="livekit-agents: worker+forkserver PSS + USS per job (extrapolated)",
+            )
             measured = agents["total_pss_mib_by_jobs"]
-            ax.plot([m["jobs"] for m in measured], [m["total_pss_mib"] for m in measured], "rx", ms=9, label="livekit-agents measured")
+            ax.plot(
+                [m["jobs"] for m in measured],
+                [m["total_pss_mib"] for m in measured],
+                "rx",
+                ms=9,
+                label="livekit-agents measured",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("calls (log)")
@@ -376,7 +672,11 @@ def _plots(combined: Mapping[str, Any], stamp: str) -> list[tuple[str, str]]:
         ax.set_title("Total memory against calls")
         ax.grid(True, which="both", alpha=0.3)
         _legend(ax, 7)
-        save(fig, "memory", "Memory per call against calls held, beside livekit-agents' idle job process (left); total memory against calls (right).")
+        save(
+            fig,
+            "memory",
+            "Memory per call against calls held, beside livekit-agents' idle job process (left); total memory against calls (right).",
+        )
     return made
 
 
@@ -402,34 +702,63 @@ def write_report(combined: Mapping[str, Any], stamp: str, *, plots: bool = True)
         "",
         "## Scenarios",
         "",
-        _md_table(["scenario", "status", "seconds", "command / reason"],
-                  [[name, run["status"], f"{run.get('seconds', 0):.0f}",
-                    run.get("reason", "") or f"`{run.get('command', '')}`"] for name, run in runs.items()]),
+        _md_table(
+            ["scenario", "status", "seconds", "command / reason"],
+            [
+                [
+                    name,
+                    run["status"],
+                    f"{run.get('seconds', 0):.0f}",
+                    run.get("reason", "") or f"`{run.get('command', '')}`",
+                ]
+                for name, run in runs.items()
+            ],
+        ),
         "",
         "## Figures beside their baselines",
         "",
         "Ratio is value / baseline; the last column says which direction is better.",
         "",
-        _md_table(["scenario", "figure", "value", "baseline", "ratio", "better"],
-                  [[r["scenario"], f"{r['figure']}, {r['unit']}", fmt(r["value"]),
-                    f"{fmt(r['baseline'])} ({r['baseline_name']})" if r["baseline"] is not None else f"- ({r['baseline_name']}: not measured)",
-                    f"{r['ratio']:.3g}x" if r["ratio"] is not None else "-", r["better"]] for r in summary["rows"]]),
+        _md_table(
+            ["scenario", "figure", "value", "baseline", "ratio", "better"],
+            [
+                [
+                    r["scenario"],
+                    f"{r['figure']}, {r['unit']}",
+                    fmt(r["value"]),
+                    f"{fmt(r['baseline'])} ({r['baseline_name']})"
+                    if r["baseline"] is not None
+                    else f"- ({r['baseline_name']}: not measured)",
+                    f"{r['ratio']:.3g}x" if r["ratio"] is not None else "-",
+                    r["better"],
+                ]
+                for r in summary["rows"]
+            ],
+        ),
         "",
         "## Scaling from 1 call to the most calls",
         "",
     ]
     parts += [f"- {v}" for v in summary["scaling"]["verdicts"]] or ["- (no calls data)"]
     if summary.get("errors"):
-        parts += ["", "Summary errors (a results file of an unexpected shape): " + "; ".join(summary["errors"])]
+        parts += [
+            "",
+            "Summary errors (a results file of an unexpected shape): " + "; ".join(summary["errors"]),
+        ]
     if plots:
         parts += ["", "## Plots", ""]
         try:
             for name, caption in _plots(combined, stamp):
                 parts += [f"![{caption}]({name})", "", f"*{caption}*", ""]
         except ImportError as error:
-            parts += [f"(no plots: {error}; install with `pip install matplotlib` or `pip install -e '.[bench]'`)"]
-    notes = [f"- **{name}**: {run['results']['notes']}" for name, run in runs.items()
-             if run.get("results", {}).get("notes")]
+            parts += [
+                f"(no plots: {error}; install with `pip install matplotlib` or `pip install -e '.[bench]'`)"
+            ]
+    notes = [
+        f"- **{name}**: {run['results']['notes']}"
+        for name, run in runs.items()
+        if run.get("results", {}).get("notes")
+    ]
     if notes:
         parts += ["", "## What each scenario measured", ""] + notes
     parts.append("")

@@ -44,7 +44,17 @@ from runner.providers import ChatMessage, LocalLLM, TextDelta, ToolCall, ToolSpe
 from runner.providers.espeak import EspeakTTS
 from runner.voice.engine import AudioData, ReplyChunk, ToolOutcome, Turn, TurnEvent, TurnPlan
 
-from ._common import Budget, fmt, freeze_heap_as_the_runner_does, machine_info, print_table, ratio, say, summarize, write_results
+from ._common import (
+    Budget,
+    fmt,
+    freeze_heap_as_the_runner_does,
+    machine_info,
+    print_table,
+    ratio,
+    say,
+    summarize,
+    write_results,
+)
 
 INSTRUCTIONS = (
     "You are the concierge of Hotel Lumen. "
@@ -56,7 +66,9 @@ WEATHER = ToolSpec(
     description="Tell the weather forecast for a city.",
     parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
-FORECAST = "In {city} it is sunny and 24 degrees. The wind is light from the west. Tomorrow brings rain after noon."
+FORECAST = (
+    "In {city} it is sunny and 24 degrees. The wind is light from the west. Tomorrow brings rain after noon."
+)
 SCENARIOS = {
     "answer": "When is breakfast served?",
     "tool": "What is the weather in Lisbon?",
@@ -134,7 +146,9 @@ class TimedLLM:
         self.provider = inner.provider
         self.model = inner.model
 
-    async def stream(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()) -> AsyncGenerator[Any, None]:
+    async def stream(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+    ) -> AsyncGenerator[Any, None]:
         events = self.inner.stream(messages, tools)
         try:
             for _ in range(100_000):
@@ -300,7 +314,9 @@ async def _measure(profile: Profile) -> dict[str, Any]:
             engine.append(await engine_turn(user))
             baseline.append(await baseline_turn(user))
         if engine[0].text.strip() != baseline[0].text.strip():
-            raise RuntimeError(f"{name}: engine and baseline said different things: {engine[0].text!r} / {baseline[0].text!r}")
+            raise RuntimeError(
+                f"{name}: engine and baseline said different things: {engine[0].text!r} / {baseline[0].text!r}"
+            )
         e, b = _figures(engine), _figures(baseline)
         out[name] = {
             "user": user,
@@ -340,7 +356,9 @@ def _table(got: dict[str, Any]) -> list[list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.turns", description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.turns", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="the short profile (seconds)")
     args = parser.parse_args(argv)
     freeze_heap_as_the_runner_does()
@@ -371,7 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     path = write_results("turns", results)
     print()
-    print(f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']})")
+    print(
+        f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']})"
+    )
     print_table(headers, rows)
     print(f"results: {path}")
     return 0

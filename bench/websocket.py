@@ -80,8 +80,12 @@ class Profile:
     seconds_per_phase: float
 
 
-QUICK = Profile(name="quick", sequential_turns=30, concurrent_sockets=50, concurrent_turns_each=3, seconds_per_phase=60)
-FULL = Profile(name="full", sequential_turns=300, concurrent_sockets=50, concurrent_turns_each=12, seconds_per_phase=300)
+QUICK = Profile(
+    name="quick", sequential_turns=30, concurrent_sockets=50, concurrent_turns_each=3, seconds_per_phase=60
+)
+FULL = Profile(
+    name="full", sequential_turns=300, concurrent_sockets=50, concurrent_turns_each=12, seconds_per_phase=300
+)
 
 
 @attrs.define
@@ -110,8 +114,12 @@ def _with_runner(report: dict[str, Any], runner_cpu_s: float) -> dict[str, Any]:
 def _summary(samples: list[Sample]) -> dict[str, Any]:
     return {
         "turns": len(samples),
-        "first_text_delta_ms": summarize([s.first_text_s for s in samples if s.first_text_s is not None], scale=1000),
-        "first_audio_byte_ms": summarize([s.first_audio_s for s in samples if s.first_audio_s is not None], scale=1000),
+        "first_text_delta_ms": summarize(
+            [s.first_text_s for s in samples if s.first_text_s is not None], scale=1000
+        ),
+        "first_audio_byte_ms": summarize(
+            [s.first_audio_s for s in samples if s.first_audio_s is not None], scale=1000
+        ),
         "turn_ms": summarize([s.total_s for s in samples if s.total_s is not None], scale=1000),
     }
 
@@ -124,11 +132,29 @@ class RunnerProcess:
 
     def __init__(self, journal: Path, max_sessions: int) -> None:
         argv = [
-            sys.executable, "-m", "runner", "serve", "bench.websocket:AGENT", "--address", "127.0.0.1:0",
-            "--public-address", "127.0.0.1:0", "--journal", str(journal), "--max-sessions", str(max_sessions),
+            sys.executable,
+            "-m",
+            "runner",
+            "serve",
+            "bench.websocket:AGENT",
+            "--address",
+            "127.0.0.1:0",
+            "--public-address",
+            "127.0.0.1:0",
+            "--journal",
+            str(journal),
+            "--max-sessions",
+            str(max_sessions),
         ]
-        env = {**os.environ, "CURB_API_KEY": API_KEY, "CURB_MANAGEMENT_TOKEN": "bench", "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+        env = {
+            **os.environ,
+            "CURB_API_KEY": API_KEY,
+            "CURB_MANAGEMENT_TOKEN": "bench",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
+        )
         assert self.process.stderr is not None
         deadline = time.monotonic() + 60
         self.public = ""
@@ -155,13 +181,17 @@ class RunnerProcess:
 
 
 async def _conversation(client: httpx.AsyncClient, person: str) -> tuple[str, str]:
-    minted = await client.post("/v1/ephemeral-keys", json={"end_user_id": person}, headers={"Authorization": f"Bearer {API_KEY}"})
+    minted = await client.post(
+        "/v1/ephemeral-keys", json={"end_user_id": person}, headers={"Authorization": f"Bearer {API_KEY}"}
+    )
     token = minted.json()["token"]
     session = await client.post("/v1/agent/sessions", json={}, headers={"Authorization": f"Bearer {token}"})
     return token, session.json()["session_id"]
 
 
-async def _socket_turns(public: str, token: str, session_id: str, turns: int, deadline: float, out: list[Sample]) -> None:
+async def _socket_turns(
+    public: str, token: str, session_id: str, turns: int, deadline: float, out: list[Sample]
+) -> None:
     url = f"ws://{public}/v1/agent/stream?session_id={session_id}"
     async with open_websocket_url(url, subprotocols=["ino.v2"], max_message_size=4 << 20) as ws:
         stream = ws._stream
@@ -194,17 +224,27 @@ async def _socket_turns(public: str, token: str, session_id: str, turns: int, de
 
 
 async def measure_socket(profile: Profile, data_dir: Path) -> dict[str, Any]:
-    runner = RunnerProcess(data_dir / f"bench-ws-{os.getpid()}.db", max_sessions=profile.concurrent_sockets + 5)
+    runner = RunnerProcess(
+        data_dir / f"bench-ws-{os.getpid()}.db", max_sessions=profile.concurrent_sockets + 5
+    )
     try:
         async with httpx.AsyncClient(base_url=f"http://{runner.public}", timeout=30) as client:
-            people = [await _conversation(client, f"bench-{i}") for i in range(profile.concurrent_sockets + 1)]
+            people = [
+                await _conversation(client, f"bench-{i}") for i in range(profile.concurrent_sockets + 1)
+            ]
         results: dict[str, Any] = {}
         # Warm up: the first turns pay for imports and espeak's first voice load.
         await _socket_turns(runner.public, *people[-1], 3, time.perf_counter() + 60, [])
         pid = runner.process.pid
         one: list[Sample] = []
         start, runner_start = cpu_sample(), _process_cpu_s(pid)
-        await _socket_turns(runner.public, *people[0], profile.sequential_turns, time.perf_counter() + profile.seconds_per_phase, one)
+        await _socket_turns(
+            runner.public,
+            *people[0],
+            profile.sequential_turns,
+            time.perf_counter() + profile.seconds_per_phase,
+            one,
+        )
         cpu = _with_runner(cpu_report(start, cpu_sample()), _process_cpu_s(pid) - runner_start)
         results["one"] = {**_summary(one), "cpu": cpu}
         many: list[Sample] = []
@@ -212,7 +252,15 @@ async def measure_socket(profile: Profile, data_dir: Path) -> dict[str, Any]:
         deadline = time.perf_counter() + profile.seconds_per_phase
         async with trio.open_nursery() as nursery:
             for token, session_id in people[: profile.concurrent_sockets]:
-                nursery.start_soon(_socket_turns, runner.public, token, session_id, profile.concurrent_turns_each, deadline, many)
+                nursery.start_soon(
+                    _socket_turns,
+                    runner.public,
+                    token,
+                    session_id,
+                    profile.concurrent_turns_each,
+                    deadline,
+                    many,
+                )
         cpu = _with_runner(cpu_report(start, cpu_sample()), _process_cpu_s(pid) - runner_start)
         results["many"] = {**_summary(many), "sockets": profile.concurrent_sockets, "cpu": cpu}
         return results
@@ -276,7 +324,11 @@ async def measure_in_process(profile: Profile) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         for index in range(profile.concurrent_sockets):
             nursery.start_soon(_runtime_turns, index, profile.concurrent_turns_each, deadline, many)
-    results["many"] = {**_summary(many), "runtimes": profile.concurrent_sockets, "cpu": cpu_report(start, cpu_sample())}
+    results["many"] = {
+        **_summary(many),
+        "runtimes": profile.concurrent_sockets,
+        "cpu": cpu_report(start, cpu_sample()),
+    }
     return results
 
 
@@ -292,20 +344,31 @@ def _table(socket: dict[str, Any], local: dict[str, Any]) -> tuple[list[list[str
     rows: list[list[str]] = []
     ratios: dict[str, Any] = {}
     for level, label in (("one", "1 socket"), ("many", "50 sockets")):
-        for metric, name in (("first_text_delta_ms", "first text.delta"), ("first_audio_byte_ms", "first audio byte")):
+        for metric, name in (
+            ("first_text_delta_ms", "first text.delta"),
+            ("first_audio_byte_ms", "first audio byte"),
+        ):
             s, l = socket[level][metric], local[level][metric]
             r50 = ratio(s.get("p50", 0.0), l.get("p50", 0.0))
             ratios[f"{level}.{metric}.p50"] = r50
-            rows.append([f"{name}, {label}", f"{fmt(s.get('p50'))} / {fmt(s.get('p99'))} ms",
-                         f"{fmt(l.get('p50'))} / {fmt(l.get('p99'))} ms", fmt(r50) + "x" if r50 else "-",
-                         f"{s.get('n', 0)} / {l.get('n', 0)}"])
+            rows.append(
+                [
+                    f"{name}, {label}",
+                    f"{fmt(s.get('p50'))} / {fmt(s.get('p99'))} ms",
+                    f"{fmt(l.get('p50'))} / {fmt(l.get('p99'))} ms",
+                    fmt(r50) + "x" if r50 else "-",
+                    f"{s.get('n', 0)} / {l.get('n', 0)}",
+                ]
+            )
     return rows, ratios
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.websocket", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short profile (about a minute)")
-    parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the runner's journal goes")
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the runner's journal goes"
+    )
     args = parser.parse_args(argv)
     freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
@@ -334,11 +397,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "socket": socket,
         "in_process": local,
         "overhead_ratio": ratios,
-        "table": [dict(zip(("figure", "socket p50 / p99", "in process p50 / p99", "ratio p50", "turns"), row, strict=True)) for row in rows],
+        "table": [
+            dict(
+                zip(
+                    ("figure", "socket p50 / p99", "in process p50 / p99", "ratio p50", "turns"),
+                    row,
+                    strict=True,
+                )
+            )
+            for row in rows
+        ],
     }
     path = write_results("websocket", results)
     print()
-    print(f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']})")
+    print(
+        f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']})"
+    )
     print_table(("figure", "socket p50 / p99", "in process p50 / p99", "ratio p50", "turns"), rows)
     print(f"results: {path}")
     return 0

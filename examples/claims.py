@@ -37,7 +37,9 @@ agent = Agent(
     adjustable={"client": ["tts.voice"], "host": ["tts.voice", "llm"]},
     state=lambda: {"claims": [], "notices": []},
 )
-agent.tools.append(transfer_call_tool(targets={"billing": "sip:billing@northwind", "fraud": "sip:fraud@northwind"}))
+agent.tools.append(
+    transfer_call_tool(targets={"billing": "sip:billing@northwind", "fraud": "sip:fraud@northwind"})
+)
 
 
 @agent.on_message("claim-submitted", sender="client", schema=Claim)

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from runner.agent import LLM, STT, TTS, Agent, Context, Skill
 
-FORECASTS = {"lisbon": "sunny and 24 degrees", "berlin": "cloudy and 12 degrees", "oslo": "snowing and minus 3 degrees"}
+FORECASTS = {
+    "lisbon": "sunny and 24 degrees",
+    "berlin": "cloudy and 12 degrees",
+    "oslo": "snowing and minus 3 degrees",
+}
 
 agent = Agent(
     "concierge",

@@ -71,9 +71,7 @@ class Record:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Record:
         envelope, producer, seq, klass, at, body = row
-        return cls(
-            envelope=envelope, producer=producer, seq=seq, cls=klass, at=at, body=json.loads(body)
-        )
+        return cls(envelope=envelope, producer=producer, seq=seq, cls=klass, at=at, body=json.loads(body))
 
 
 @attrs.frozen(kw_only=True)
@@ -199,7 +197,9 @@ def _no_default(value: Any) -> Any:
 # What json.dumps(value, separators=(",", ":"), allow_nan=False) writes, without building an
 # encoder per call (half the cost of an append's encoding). NaN and infinities are refused:
 # SQLite's JSON functions, which build the stream's lines from the file, would reject them.
-_encode_chunks = c_make_encoder(None, _no_default, encode_basestring_ascii, None, ":", ",", False, False, False)
+_encode_chunks = c_make_encoder(
+    None, _no_default, encode_basestring_ascii, None, ":", ",", False, False, False
+)
 
 
 def _encode(value: Any) -> str:
@@ -354,9 +354,7 @@ class _Writer:
             conn.execute(_UPSERT_PRODUCERS, (_encode({p: seq - 1 for p, seq in seqs.items()}),))
             if closed:
                 conn.execute(_CLOSE_PRODUCERS, (_encode(closed),))
-            conn.execute(
-                "DELETE FROM records WHERE envelope <= ?", (envelope - self.retention_records,)
-            )
+            conn.execute("DELETE FROM records WHERE envelope <= ?", (envelope - self.retention_records,))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -603,7 +601,8 @@ class Journal:
         for pending in left:
             if pending.task is not None:
                 trio.lowlevel.reschedule(
-                    pending.task, outcome.Error(JournalClosed("the journal closed before this record was written"))
+                    pending.task,
+                    outcome.Error(JournalClosed("the journal closed before this record was written")),
                 )
         self._gathering = []
         self._stopped.set()

@@ -98,7 +98,10 @@ class StoredMessage:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> StoredMessage:
         position, role, content, tool_calls, tool_call_id, turn_id, created_at = row
-        calls = tuple(StoredToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in json.loads(tool_calls or "[]"))
+        calls = tuple(
+            StoredToolCall(id=c["id"], name=c["name"], arguments=c["arguments"])
+            for c in json.loads(tool_calls or "[]")
+        )
         return cls(
             role=role,
             content=content,
@@ -175,7 +178,9 @@ class Spent:
 
 # -- SQL: small sync functions that take a connection ---------------------------------------
 
-_TOKEN_COLUMNS = "token_id, end_user_id, scope, created_at, expires_at, revoked_at, credit_limit, credit_spent"
+_TOKEN_COLUMNS = (
+    "token_id, end_user_id, scope, created_at, expires_at, revoked_at, credit_limit, credit_spent"
+)
 _CONVERSATION_COLUMNS = "conversation_id, agent_id, end_user_id, created_at, deleted_at"
 
 
@@ -198,7 +203,13 @@ def _ensure_end_user(conn: sqlite3.Connection, end_user_id: str, at: int) -> Non
 
 
 def _insert_token(
-    conn: sqlite3.Connection, token_id: str, digest: str, end_user_id: str, expires_at: int, credit_limit: float | None, at: int
+    conn: sqlite3.Connection,
+    token_id: str,
+    digest: str,
+    end_user_id: str,
+    expires_at: int,
+    credit_limit: float | None,
+    at: int,
 ) -> TokenRow:
     _ensure_end_user(conn, end_user_id, at)
     conn.execute(
@@ -206,7 +217,9 @@ def _insert_token(
         " VALUES (?, ?, ?, 'agent', ?, ?, ?)",
         (token_id, digest, end_user_id, at, expires_at, credit_limit),
     )
-    row = conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM agent_tokens WHERE token_id = ?", (token_id,)).fetchone()
+    row = conn.execute(
+        f"SELECT {_TOKEN_COLUMNS} FROM agent_tokens WHERE token_id = ?", (token_id,)
+    ).fetchone()
     return TokenRow.from_row(row)
 
 
@@ -237,13 +250,18 @@ def _insert_conversation(
         (conversation_id, agent_id, end_user_id, at),
     )
     return ConversationRow(
-        conversation_id=conversation_id, agent_id=agent_id, end_user_id=end_user_id, created_at=at, deleted_at=None
+        conversation_id=conversation_id,
+        agent_id=agent_id,
+        end_user_id=end_user_id,
+        created_at=at,
+        deleted_at=None,
     )
 
 
 def _get_conversation(conn: sqlite3.Connection, conversation_id: str) -> ConversationRow | None:
     row = conn.execute(
-        f"SELECT {_CONVERSATION_COLUMNS} FROM agent_conversations WHERE conversation_id = ?", (conversation_id,)
+        f"SELECT {_CONVERSATION_COLUMNS} FROM agent_conversations WHERE conversation_id = ?",
+        (conversation_id,),
     ).fetchone()
     return ConversationRow.from_row(row) if row else None
 
@@ -271,7 +289,16 @@ def _append_messages(
             else None
         )
         rows.append(
-            (conversation_id, last + offset, message.role, message.content, calls, message.tool_call_id, message.turn_id, at)
+            (
+                conversation_id,
+                last + offset,
+                message.role,
+                message.content,
+                calls,
+                message.tool_call_id,
+                message.turn_id,
+                at,
+            )
         )
     conn.executemany(
         "INSERT INTO agent_messages (conversation_id, position, role, content, tool_calls, tool_call_id, turn_id, created_at)"
@@ -294,18 +321,21 @@ def _load_messages(conn: sqlite3.Connection, conversation_id: str) -> list[Store
 
 _FTS_WORD = re.compile(r"[A-Za-z0-9]+")
 _STOP_WORDS = frozenset(
-    "about after all also and any are but can could did does for from get had has have her here him his how its"
-    " just let like more most not now our out over please say she should some tell than that the their them then"
-    " there these they this those too very want was were what when where which who whom why will with would you your".split()
+    ["about", "after", "all", "also", "and", "any", "are", "but", "can", "could", "did", "does", "for", "from", "get", "had", "has", "have", "her", "here", "him", "his", "how", "its", "just", "let", "like", "more", "most", "not", "now", "our", "out", "over", "please", "say", "she", "should", "some", "tell", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those", "too", "very", "want", "was", "were", "what", "when", "where", "which", "who", "whom", "why", "will", "with", "would", "you", "your"]
 )
 
 
-def _insert_knowledge(conn: sqlite3.Connection, agent_id: str, entries: Sequence[tuple[str, str, str]], at: int) -> int:
+def _insert_knowledge(
+    conn: sqlite3.Connection, agent_id: str, entries: Sequence[tuple[str, str, str]], at: int
+) -> int:
     for entry_id, title, text in entries:
-        old = conn.execute("SELECT rowid, title, text FROM agent_knowledge WHERE entry_id = ?", (entry_id,)).fetchone()
+        old = conn.execute(
+            "SELECT rowid, title, text FROM agent_knowledge WHERE entry_id = ?", (entry_id,)
+        ).fetchone()
         if old is not None:
             conn.execute(
-                "INSERT INTO agent_knowledge_fts (agent_knowledge_fts, rowid, title, text) VALUES ('delete', ?, ?, ?)", old
+                "INSERT INTO agent_knowledge_fts (agent_knowledge_fts, rowid, title, text) VALUES ('delete', ?, ?, ?)",
+                old,
             )
             conn.execute("DELETE FROM agent_knowledge WHERE rowid = ?", (old[0],))
         cursor = conn.execute(
@@ -313,13 +343,16 @@ def _insert_knowledge(conn: sqlite3.Connection, agent_id: str, entries: Sequence
             (entry_id, agent_id, title, text, at),
         )
         conn.execute(
-            "INSERT INTO agent_knowledge_fts (rowid, title, text) VALUES (?, ?, ?)", (cursor.lastrowid, title, text)
+            "INSERT INTO agent_knowledge_fts (rowid, title, text) VALUES (?, ?, ?)",
+            (cursor.lastrowid, title, text),
         )
     return len(entries)
 
 
 def _search_knowledge(conn: sqlite3.Connection, agent_id: str, query: str, limit: int) -> list[KnowledgeHit]:
-    words = list(dict.fromkeys(w for w in _FTS_WORD.findall(query.lower()) if len(w) > 2 and w not in _STOP_WORDS))
+    words = list(
+        dict.fromkeys(w for w in _FTS_WORD.findall(query.lower()) if len(w) > 2 and w not in _STOP_WORDS)
+    )
     if not words:
         return []
     match = " OR ".join(f'"{w}"' for w in words)
@@ -336,7 +369,11 @@ def _search_knowledge(conn: sqlite3.Connection, agent_id: str, query: str, limit
         # The score is the share of the query's words the entry holds (after stemming).
         found = {m.lower() for m in re.findall(r"\[([^\]]+)\]", marked)}
         matched = sum(1 for w in words if any(f.startswith(w[:4]) or w.startswith(f[:4]) for f in found))
-        hits.append(KnowledgeHit(entry_id=entry_id, title=title, text=text, score=round(min(1.0, matched / len(words)), 3)))
+        hits.append(
+            KnowledgeHit(
+                entry_id=entry_id, title=title, text=text, score=round(min(1.0, matched / len(words)), 3)
+            )
+        )
     return hits
 
 
@@ -384,7 +421,8 @@ def _relations(conn: sqlite3.Connection, agent_id: str) -> list[RelationRow]:
     people = [
         r[0]
         for r in conn.execute(
-            "SELECT DISTINCT end_user_id FROM agent_conversations WHERE agent_id = ? ORDER BY end_user_id", (agent_id,)
+            "SELECT DISTINCT end_user_id FROM agent_conversations WHERE agent_id = ? ORDER BY end_user_id",
+            (agent_id,),
         )
     ]
     return [row for person in people if (row := _relation(conn, agent_id, person)) is not None]
@@ -413,7 +451,19 @@ def _charge(
         "INSERT INTO agent_usage (conversation_id, turn_id, token_id, end_user_id, kind, model, input_tokens,"
         " output_tokens, seconds, credits, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
-            (conversation_id, turn_id, token_id, end_user_id, r.kind, r.model, r.input_tokens, r.output_tokens, r.seconds, r.credits, at)
+            (
+                conversation_id,
+                turn_id,
+                token_id,
+                end_user_id,
+                r.kind,
+                r.model,
+                r.input_tokens,
+                r.output_tokens,
+                r.seconds,
+                r.credits,
+                at,
+            )
             for r in rows
         ],
     )
@@ -438,7 +488,8 @@ def _usage_of(conn: sqlite3.Connection, conversation_id: str) -> list[UsageRow]:
         (conversation_id,),
     )
     return [
-        UsageRow(kind=k, model=m, input_tokens=i, output_tokens=o, seconds=s, credits=c) for k, m, i, o, s, c in rows
+        UsageRow(kind=k, model=m, input_tokens=i, output_tokens=o, seconds=s, credits=c)
+        for k, m, i, o, s, c in rows
     ]
 
 
@@ -455,10 +506,18 @@ class AgentStore:
             return await trio.to_thread.run_sync(_in_transaction, self._writer, fn, *args)
 
     async def insert_token(
-        self, *, token_id: str, token_sha256: str, end_user_id: str, expires_at: int, credit_limit: float | None
+        self,
+        *,
+        token_id: str,
+        token_sha256: str,
+        end_user_id: str,
+        expires_at: int,
+        credit_limit: float | None,
     ) -> TokenRow:
         """Keep a minted token (its digest only) for ``end_user_id``, creating the person."""
-        return await self._write(_insert_token, token_id, token_sha256, end_user_id, expires_at, credit_limit, now_ms())
+        return await self._write(
+            _insert_token, token_id, token_sha256, end_user_id, expires_at, credit_limit, now_ms()
+        )
 
     async def find_token(self, token_id: str, token_sha256: str) -> TokenRow | None:
         """The token with this id, if its digest matches (compared in constant time)."""
@@ -468,7 +527,9 @@ class AgentStore:
         """Revoke a token; False when there is no such token (revoking twice is no error)."""
         return await self._write(_revoke_token, token_id, now_ms())
 
-    async def create_conversation(self, *, conversation_id: str, agent_id: str, end_user_id: str) -> ConversationRow:
+    async def create_conversation(
+        self, *, conversation_id: str, agent_id: str, end_user_id: str
+    ) -> ConversationRow:
         return await self._write(_insert_conversation, conversation_id, agent_id, end_user_id, now_ms())
 
     async def get_conversation(self, conversation_id: str) -> ConversationRow | None:
@@ -488,7 +549,6 @@ class AgentStore:
         """Every message of a conversation, oldest first."""
         return await self._readers.run(_load_messages, conversation_id)
 
-
     # -- Knowledge, summaries, relations, usage ------------------------------------------------
 
     async def load_knowledge(self, agent_id: str, entries: Sequence[tuple[str, str, str]]) -> int:
@@ -502,7 +562,9 @@ class AgentStore:
     async def latest_summary(self, conversation_id: str) -> SummaryRow | None:
         return await self._readers.run(_latest_summary, conversation_id)
 
-    async def add_summary(self, conversation_id: str, *, after_position: int, summary: str, trigger: str) -> None:
+    async def add_summary(
+        self, conversation_id: str, *, after_position: int, summary: str, trigger: str
+    ) -> None:
         """Keep a summary of the conversation's messages up to ``after_position``."""
         await self._write(_insert_summary, conversation_id, after_position, summary, trigger, now_ms())
 
@@ -513,7 +575,9 @@ class AgentStore:
     async def relations(self, agent_id: str) -> list[RelationRow]:
         return await self._readers.run(_relations, agent_id)
 
-    async def record_relation(self, agent_id: str, end_user_id: str, note: str, *, turn_id: str | None) -> RelationRow | None:
+    async def record_relation(
+        self, agent_id: str, end_user_id: str, note: str, *, turn_id: str | None
+    ) -> RelationRow | None:
         """Add what the agent recorded about a person; return the relationship as it now stands."""
         return await self._write(_insert_relation_note, agent_id, end_user_id, note, turn_id, now_ms())
 
@@ -521,7 +585,9 @@ class AgentStore:
         self, *, conversation_id: str, turn_id: str, token_id: str, end_user_id: str, rows: Sequence[UsageRow]
     ) -> Spent:
         """Keep a turn's usage rows and add their credits to the token's spending, in one transaction."""
-        return await self._write(_charge, conversation_id, turn_id, token_id, end_user_id, list(rows), now_ms())
+        return await self._write(
+            _charge, conversation_id, turn_id, token_id, end_user_id, list(rows), now_ms()
+        )
 
     async def runner_spent(self) -> float:
         """Credits every token of this runner has spent."""

@@ -23,9 +23,9 @@ from .errors import (
     GenerationMismatch,
     NoHandler,
     NotAdjustable,
-    RunnerError,
     RunnerAtCapacity,
     RunnerDraining,
+    RunnerError,
     RunnerTakesNoCalls,
     SessionNotFound,
     StartFailed,
@@ -43,14 +43,14 @@ from .transports import (
 from .wire import (
     PROTOCOL_VERSION,
     Direction,
+    EffectiveSettings,
+    HostMessage,
     LifecycleDraining,
     LiveCall,
     RunnerStatus,
     StartCallRequest,
     State,
     StopCallResponse,
-    EffectiveSettings,
-    HostMessage,
 )
 
 log = logging.getLogger("runner.calls")
@@ -108,9 +108,7 @@ class CallRecord:
 class Conversation(Protocol):
     """The agent's side of one call, run by the call once its transport is connected."""
 
-    async def run(
-        self, session: TransportSession, events: trio.MemoryReceiveChannel[TransportEvent]
-    ) -> None:
+    async def run(self, session: TransportSession, events: trio.MemoryReceiveChannel[TransportEvent]) -> None:
         """Converse over ``session``, taking the caller's ``events``, until cancelled."""
         ...
 
@@ -239,7 +237,9 @@ class Call:
                 await conversation.deliver_host(message)
             except RunnerError as refusal:
                 # It was already answered 202: all that is left is to say so and count it.
-                log.warning("held message %s (%r) refused on delivery: %s", message.id, message.name, refusal.code)
+                log.warning(
+                    "held message %s (%r) refused on delivery: %s", message.id, message.name, refusal.code
+                )
                 conversation.refused_queued_host_messages += 1
             finally:
                 self._held.pop(0)
@@ -292,7 +292,9 @@ class Call:
         return payload
 
     async def _run_connected(self) -> str:
-        target = CallTarget(session_id=self.session_id, url=self.start.realtime_url, token=self.start.realtime_token)
+        target = CallTarget(
+            session_id=self.session_id, url=self.start.realtime_url, token=self.start.realtime_token
+        )
         # The join has START_TIMEOUT_S; once connected the deadline is lifted, so the
         # transport's session is an ordinary `async with` that may own a nursery.
         with trio.CancelScope(deadline=trio.current_time() + START_TIMEOUT_S) as join_scope:
@@ -546,7 +548,5 @@ async def close_open_calls(journal: Journal) -> list[str]:
     """End the record of every call a crash left open, so no conversation stays truncated."""
     open_calls = await journal.open_producers(exclude=["runner"])
     for session_id in open_calls:
-        await CallRecord(journal, session_id).event(
-            "curb.ended", {"reason": END_REASON_CRASHED}, closes=True
-        )
+        await CallRecord(journal, session_id).event("curb.ended", {"reason": END_REASON_CRASHED}, closes=True)
     return open_calls

@@ -22,24 +22,44 @@ _STARTED_AT = time.monotonic()
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("agent", nargs="?", help="the agent: a module or module:attr (default: the built-in example)")
-    parser.add_argument("--address", help=f"management listener HOST:PORT (default {DEFAULT_ADDRESS}; port 0 picks one)")
+    parser.add_argument(
+        "agent", nargs="?", help="the agent: a module or module:attr (default: the built-in example)"
+    )
+    parser.add_argument(
+        "--address", help=f"management listener HOST:PORT (default {DEFAULT_ADDRESS}; port 0 picks one)"
+    )
     parser.add_argument("--journal", help="the journal file (default ./runner-journal.db)")
     parser.add_argument("--retention", type=int, help="records the journal keeps (default 4096)")
-    parser.add_argument("--heartbeat-ms", type=int, help="ping interval of an idle events stream (default 15000)")
-    parser.add_argument("--drain-grace-ms", type=int, help="how long a drain lets calls run before it stops them")
+    parser.add_argument(
+        "--heartbeat-ms", type=int, help="ping interval of an idle events stream (default 15000)"
+    )
+    parser.add_argument(
+        "--drain-grace-ms", type=int, help="how long a drain lets calls run before it stops them"
+    )
     parser.add_argument(
         "--public-address",
         help=f"public listener HOST:PORT for the agent WebSocket (default {DEFAULT_PUBLIC_ADDRESS}; port 0 picks one)",
     )
-    parser.add_argument("--agent-idle-seconds", type=int, help="an agent socket idle this long is closed (default 300)")
-    parser.add_argument("--credit-pool", type=float, help="the runner's own credits for agent sockets (default: no pool)")
-    parser.add_argument("--agent-token-turns-per-minute", type=int, help="turns one token may take a minute (default: no limit)")
-    parser.add_argument("--agent-token-connections", type=int, help="open sockets one token may hold (default: no limit)")
+    parser.add_argument(
+        "--agent-idle-seconds", type=int, help="an agent socket idle this long is closed (default 300)"
+    )
+    parser.add_argument(
+        "--credit-pool", type=float, help="the runner's own credits for agent sockets (default: no pool)"
+    )
+    parser.add_argument(
+        "--agent-token-turns-per-minute",
+        type=int,
+        help="turns one token may take a minute (default: no limit)",
+    )
+    parser.add_argument(
+        "--agent-token-connections", type=int, help="open sockets one token may hold (default: no limit)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runner", description="A self-hosted runner for real-time voice agents.")
+    parser = argparse.ArgumentParser(
+        prog="runner", description="A self-hosted runner for real-time voice agents."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="a managed runner: a host places calls over the management API")
@@ -58,19 +78,29 @@ def _parser() -> argparse.ArgumentParser:
     _add_common(dev)
 
     console = sub.add_parser("console", help="talk to an agent in the terminal (no transport, no server)")
-    console.add_argument("agent", nargs="?", help="the agent: a module or module:attr (default: the built-in example)")
+    console.add_argument(
+        "agent", nargs="?", help="the agent: a module or module:attr (default: the built-in example)"
+    )
     console.add_argument("--text", action="store_true", help="text only: print replies, speak nothing")
     console.add_argument("--wav", default="console.wav", help="where spoken replies go without --text")
 
     knowledge = sub.add_parser("knowledge", help="an agent's knowledge entries, for the agent WebSocket")
     knowledge_sub = knowledge.add_subparsers(dest="knowledge_command", required=True)
-    load = knowledge_sub.add_parser("load", help="add entries from a JSON Lines file: {title, text, entry_id?} a line")
+    load = knowledge_sub.add_parser(
+        "load", help="add entries from a JSON Lines file: {title, text, entry_id?} a line"
+    )
     load.add_argument("agent", help="the agent: a module or module:attr")
     load.add_argument("file", help="the JSON Lines file")
-    load.add_argument("--journal", default="runner-journal.db", help="the runner's journal file (default ./runner-journal.db)")
+    load.add_argument(
+        "--journal",
+        default="runner-journal.db",
+        help="the runner's journal file (default ./runner-journal.db)",
+    )
 
     replay = sub.add_parser("replay", help="print a journal's records, live or after the fact")
-    replay.add_argument("--from", dest="from_", type=int, default=0, help="exclusive cursor (default 0: all retained)")
+    replay.add_argument(
+        "--from", dest="from_", type=int, default=0, help="exclusive cursor (default 0: all retained)"
+    )
     replay.add_argument("--journal", default="runner-journal.db")
     replay.add_argument("--producer")
     replay.add_argument("--class", dest="cls")
@@ -172,9 +202,13 @@ def _load_knowledge(args: argparse.Namespace) -> int:
                 if not line.strip():
                     continue
                 entry = json.loads(line)
-                if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) and entry[k].strip() for k in ("title", "text")):
+                if not isinstance(entry, dict) or not all(
+                    isinstance(entry.get(k), str) and entry[k].strip() for k in ("title", "text")
+                ):
                     raise ValueError(f"line {number}: an entry needs a non-empty title and text")
-                entry_id = entry.get("entry_id") or "kn_" + hashlib.sha256(entry["title"].encode()).hexdigest()[:16]
+                entry_id = (
+                    entry.get("entry_id") or "kn_" + hashlib.sha256(entry["title"].encode()).hexdigest()[:16]
+                )
                 if not isinstance(entry_id, str):
                     raise ValueError(f"line {number}: entry_id must be a string")
                 entries.append((entry_id, entry["title"].strip(), entry["text"].strip()))
@@ -199,7 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .replay import replay
 
         return replay(
-            args.journal, after=args.from_, producer=args.producer, cls=args.cls, follow=args.follow, as_json=args.json
+            args.journal,
+            after=args.from_,
+            producer=args.producer,
+            cls=args.cls,
+            follow=args.follow,
+            as_json=args.json,
         )
     if args.command == "knowledge":
         return _load_knowledge(args)

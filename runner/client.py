@@ -51,7 +51,9 @@ class AgentRefusedError(Exception):
     ``invalid_payload``, ``handler_failed``, ``not_adjustable``, ``invalid_settings``,
     ``payload_too_large``, ...), with ``issues`` or ``path`` when the agent sent them."""
 
-    def __init__(self, code: str, issues: list[dict[str, Any]] | None = None, path: str | None = None) -> None:
+    def __init__(
+        self, code: str, issues: list[dict[str, Any]] | None = None, path: str | None = None
+    ) -> None:
         super().__init__(code)
         self.code = code
         self.issues = issues
@@ -96,7 +98,9 @@ class AgentClient:
         answer = await self._request("curb.message", body, timeout)
         return answer.get("reply") if isinstance(answer, dict) else None
 
-    async def update(self, settings: Mapping[str, Any], *, timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    async def update(
+        self, settings: Mapping[str, Any], *, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> dict[str, Any]:
         """Change the call's live settings (a SessionUpdate); return the effective settings.
 
         Raises:
@@ -149,7 +153,7 @@ class AgentClient:
                 raise AgentUnavailableError(f"no agent joined the room within {timeout:g} s")
             try:
                 await asyncio.wait_for(self._joined.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return identity
 

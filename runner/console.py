@@ -55,7 +55,9 @@ async def run_console(
         if isinstance(event, ReplyDelta):
             stdout.write(event.text)
         elif isinstance(event, ToolStarted):
-            stdout.write(_dim(f"[{event.name}({', '.join(f'{k}={v!r}' for k, v in event.arguments.items())})] ", tty))
+            stdout.write(
+                _dim(f"[{event.name}({', '.join(f'{k}={v!r}' for k, v in event.arguments.items())})] ", tty)
+            )
         elif isinstance(event, ToolEnded):
             stdout.write(_dim(f"[{event.name}: {'ok' if event.ok else 'failed'} in {event.ms} ms] ", tty))
         elif isinstance(event, AudioStart):

@@ -15,7 +15,7 @@ import json
 import types
 import typing
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, TypeVar
 
 import attrs
@@ -153,7 +153,17 @@ class ToolResult:
 Verb = Auth | UserMessage | UserAudioStart | UserAudioEnd | Cancel | Mute | Ping | ToolConfirmed | ToolResult
 VERBS: dict[str, type[Any]] = {
     cls.TYPE: cls
-    for cls in (Auth, UserMessage, UserAudioStart, UserAudioEnd, Cancel, Mute, Ping, ToolConfirmed, ToolResult)
+    for cls in (
+        Auth,
+        UserMessage,
+        UserAudioStart,
+        UserAudioEnd,
+        Cancel,
+        Mute,
+        Ping,
+        ToolConfirmed,
+        ToolResult,
+    )
 }
 
 # -- What the runner sends -----------------------------------------------------------------
@@ -600,9 +610,11 @@ def _make_converter() -> cattrs.Converter:
         return converter.structure(value, inner)
 
     converter.register_structure_hook_func(
-        lambda t: typing.get_origin(t) in (typing.Union, types.UnionType)
-        and type(None) in typing.get_args(t)
-        and len(typing.get_args(t)) == 2,
+        lambda t: (
+            typing.get_origin(t) in (typing.Union, types.UnionType)
+            and type(None) in typing.get_args(t)
+            and len(typing.get_args(t)) == 2
+        ),
         structure_optional,
     )
 
@@ -625,7 +637,9 @@ def _make_converter() -> cattrs.Converter:
             raise TypeError("must be an object")
         return value
 
-    converter.register_structure_hook_func(lambda t: t in (dict[str, Any], Mapping[str, Any]), structure_object)
+    converter.register_structure_hook_func(
+        lambda t: t in (dict[str, Any], Mapping[str, Any]), structure_object
+    )
     return converter
 
 
@@ -704,7 +718,9 @@ def decode_body(cls: type[T], value: Any) -> T:
     except Exception as exc:
         path, problem = _first_problem(exc, [])
         if isinstance(problem, LimitError):
-            raise FrameInvalid("body", problem.field, str(problem).removeprefix(problem.field + " ")) from None
+            raise FrameInvalid(
+                "body", problem.field, str(problem).removeprefix(problem.field + " ")
+            ) from None
         raise FrameRejected(f"{'.'.join(path) or '(body)'} {problem}") from None
 
 
@@ -715,4 +731,4 @@ def encode(value: Any) -> Any:
 
 def rfc3339(ms: int) -> str:
     """Milliseconds since the epoch as the API writes times: ``2026-11-29T20:28:11Z``."""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from journal import JournalFile, Record
@@ -33,7 +33,7 @@ def summarize(record: Record) -> str:
 
 
 def _timeline(record: Record) -> str:
-    at = datetime.fromtimestamp(record.at / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    at = datetime.fromtimestamp(record.at / 1000, tz=UTC).isoformat(timespec="milliseconds")
     return f"#{record.envelope:<6} {at.replace('+00:00', 'Z')}  {record.producer}#{record.seq:<4} {record.cls:<12} {summarize(record)}"
 
 
@@ -78,7 +78,9 @@ def replay(
             if as_json:
                 items = journal.read_lines(cursor, 1024, producer=producer, cls=cls)
             else:
-                items = [(r.envelope, _timeline(r)) for r in journal.read(cursor, 1024, producer=producer, cls=cls)]
+                items = [
+                    (r.envelope, _timeline(r)) for r in journal.read(cursor, 1024, producer=producer, cls=cls)
+                ]
             if not items:
                 if not follow or (deadline is not None and time.monotonic() > deadline):
                     return 0

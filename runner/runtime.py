@@ -42,7 +42,6 @@ PUBLIC_LINE = "runner: public listener on "
 _SHUTDOWN_GRACE_S = 5.0
 
 
-
 def freeze_startup_heap() -> None:
     """Keep what start-up loaded out of the collector's full passes.
 
@@ -53,6 +52,7 @@ def freeze_startup_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+
 
 def resolve_token(config: Config, environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
     """The management token: from the environment, else one made for this journal.
@@ -139,7 +139,10 @@ async def serve_runner(
     """
     started_at = time.monotonic() if started_at is None else started_at
     exit_code = 0
-    async with open_journal(config.journal_path, retention_records=config.retention_records) as journal, AsyncExitStack() as stack:
+    async with (
+        open_journal(config.journal_path, retention_records=config.retention_records) as journal,
+        AsyncExitStack() as stack,
+    ):
         closed = await close_open_calls(journal)
         if closed:
             await emit_lifecycle(journal, LifecycleRecovered(closed_sessions=closed))

@@ -135,6 +135,7 @@ class Heartbeat:
 
 # -- Records -------------------------------------------------------------------------------
 
+
 @attrs.frozen(kw_only=True)
 class JournalRecord:
     """One stream line: a committed record (the journal's :class:`~journal.Record`, on the wire)."""
@@ -471,9 +472,7 @@ def _make_converter() -> cattrs.Converter:
         }
 
     def structure_factory(cls: type) -> Any:
-        inner = make_dict_structure_fn(
-            cls, converter, _cattrs_detailed_validation=True, **renames(cls)
-        )
+        inner = make_dict_structure_fn(cls, converter, _cattrs_detailed_validation=True, **renames(cls))
         _attribute_of = {wire_name(a.name): a.name for a in attrs.fields(cls)}
         wire_names = set(_attribute_of)
 
@@ -508,8 +507,10 @@ def _make_converter() -> cattrs.Converter:
         raise TypeError("expected " + " or ".join(_NAMES.get(t, t.__name__) for t in allowed))
 
     converter.register_structure_hook_func(
-        lambda t: typing.get_origin(t) in (types.UnionType, typing.Union)
-        and all(a in (str, int, float, type(None)) for a in typing.get_args(t)),
+        lambda t: (
+            typing.get_origin(t) in (types.UnionType, typing.Union)
+            and all(a in (str, int, float, type(None)) for a in typing.get_args(t))
+        ),
         structure_scalar_union,
     )
 
@@ -583,7 +584,7 @@ def _issues(exc: BaseException, path: list[str | int]) -> list[Issue]:
     if isinstance(exc, FieldError):
         return [Issue(path=[*path, wire_name(exc.attribute)], message=str(exc))]
     message = str(exc) or type(exc).__name__
-    if isinstance(exc, ValueError) and "not in" in message.lower() or "literal" in message.lower():
+    if (isinstance(exc, ValueError) and "not in" in message.lower()) or "literal" in message.lower():
         message = "is not one of the allowed values"
     return [Issue(path=path, message=message)]
 

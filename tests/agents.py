@@ -6,15 +6,15 @@ from typing import Any
 
 import attrs
 
-from runner.agent import Agent
 from runner.agent import (
     LLM,
     STT,
     TTS,
+    Agent,
     Context,
-    Skill,
     HostTimeoutError,
     HostUnavailableError,
+    Skill,
     transfer_call,
     transfer_call_tool,
 )
@@ -175,7 +175,12 @@ tunable = Agent(
 own_endpoint = Agent(
     "own-endpoint",
     instructions="You answer briefly.",
-    llm=LLM(provider="openai-compatible", model="house-model", base_url="http://127.0.0.1:9/v1", api_key_env="HOUSE_KEY"),
+    llm=LLM(
+        provider="openai-compatible",
+        model="house-model",
+        base_url="http://127.0.0.1:9/v1",
+        api_key_env="HOUSE_KEY",
+    ),
     tts=TTS(provider="espeak", voice="en"),
     adjustable={"client": ["tts.voice", "llm"], "host": ["tts.voice", "llm"]},
 )

@@ -45,7 +45,9 @@ class InProcessRunner:
         return f"http://{self.address}"
 
     def client(self, *, timeout: float = 15) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=timeout)
+        return httpx.AsyncClient(
+            base_url=self.base_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=timeout
+        )
 
     async def wait_caller(self, session_id: str, timeout: float = 10) -> LoopbackCaller:
         """The caller side of a call, once it joined."""
@@ -106,7 +108,9 @@ def _cached_validator(type_name: str) -> Draft202012Validator:
 
 def conforms(type_name: str, value: Any) -> Any:
     """Assert ``value`` is a valid ``type_name`` of ``runner/protocol.schema.json``; return it."""
-    errors = [f"{list(e.absolute_path)}: {e.message}" for e in _cached_validator(type_name).iter_errors(value)]
+    errors = [
+        f"{list(e.absolute_path)}: {e.message}" for e in _cached_validator(type_name).iter_errors(value)
+    ]
     assert not errors, f"not a valid {type_name}: {errors}\n{json.dumps(value)}"
     return value
 
@@ -161,9 +165,7 @@ class Follower:
         self.records: list[dict[str, Any]] = []
         self.raw: list[bytes] = []
 
-    async def wait_for(
-        self, predicate: Callable[[list[dict[str, Any]]], Any], timeout: float = 15
-    ) -> Any:
+    async def wait_for(self, predicate: Callable[[list[dict[str, Any]]], Any], timeout: float = 15) -> Any:
         """Read until ``predicate(records)`` is truthy; return its value."""
         with trio.fail_after(timeout):
             while not (found := predicate(self.records)):
@@ -198,10 +200,14 @@ def events_named(records: Sequence[dict[str, Any]], producer: str, name: str) ->
     ]
 
 
-def host_records(records: Sequence[dict[str, Any]], producer: str, name: str | None = None) -> list[dict[str, Any]]:
+def host_records(
+    records: Sequence[dict[str, Any]], producer: str, name: str | None = None
+) -> list[dict[str, Any]]:
     """A call's ``host`` record bodies (the agent's messages to its host)."""
     return [
-        r["body"] for r in of(records, producer) if r["class"] == "host" and (name is None or r["body"]["name"] == name)
+        r["body"]
+        for r in of(records, producer)
+        if r["class"] == "host" and (name is None or r["body"]["name"] == name)
     ]
 
 
@@ -209,7 +215,9 @@ def turns(records: Sequence[dict[str, Any]], producer: str, role: str | None = N
     return [
         r["body"]
         for r in of(records, producer)
-        if r["class"] == "conversation" and r["body"].get("type") == "turn" and (role is None or r["body"]["role"] == role)
+        if r["class"] == "conversation"
+        and r["body"].get("type") == "turn"
+        and (role is None or r["body"]["role"] == role)
     ]
 
 

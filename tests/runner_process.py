@@ -36,7 +36,11 @@ class RunnerProcess:
 
     @property
     def lifecycle(self) -> list[dict[str, Any]]:
-        return [json.loads(line.removeprefix("curb-hosted ")) for line in self.stdout if line.startswith("curb-hosted ")]
+        return [
+            json.loads(line.removeprefix("curb-hosted "))
+            for line in self.stdout
+            if line.startswith("curb-hosted ")
+        ]
 
     def client(self, *, token: str | None = TOKEN, timeout: float = 10) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -61,7 +65,8 @@ class RunnerProcess:
                     await trio.sleep(0.05)
                     if not predicate():
                         raise AssertionError(
-                            f"runner exited {self.process.returncode}; stderr:\n" + "\n".join(self.stderr[-30:])
+                            f"runner exited {self.process.returncode}; stderr:\n"
+                            + "\n".join(self.stderr[-30:])
                         )
                 await self._changed.wait()
 
@@ -81,8 +86,18 @@ QUIET_AGENT = "tests.agents:quiet"
 
 def runner_argv(command: str, journal: Path, *extra: str, agent: str = QUIET_AGENT) -> list[str]:
     return [
-        sys.executable, "-m", "runner", command, agent,
-        "--address", "127.0.0.1:0", "--public-address", "127.0.0.1:0", "--journal", str(journal), *extra,
+        sys.executable,
+        "-m",
+        "runner",
+        command,
+        agent,
+        "--address",
+        "127.0.0.1:0",
+        "--public-address",
+        "127.0.0.1:0",
+        "--journal",
+        str(journal),
+        *extra,
     ]
 
 
@@ -101,7 +116,10 @@ async def start_runner(
     """
     environ = {**os.environ, "CURB_MANAGEMENT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = await trio.lowlevel.open_process(
-        runner_argv(command, journal, *extra, agent=agent), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ
+        runner_argv(command, journal, *extra, agent=agent),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environ,
     )
     runner = RunnerProcess(process, journal)
     async with trio.open_nursery() as nursery:
@@ -110,8 +128,12 @@ async def start_runner(
         nursery.start_soon(runner._pump, process.stderr, runner.stderr)
         try:
             if wait_ready:
-                await runner.wait_for(lambda: any(line.startswith(READY_PREFIX) for line in runner.stdout), timeout=30)
-                runner.address = runner.lifecycle[[e["event"] for e in runner.lifecycle].index("ready")]["address"]
+                await runner.wait_for(
+                    lambda: any(line.startswith(READY_PREFIX) for line in runner.stdout), timeout=30
+                )
+                runner.address = runner.lifecycle[[e["event"] for e in runner.lifecycle].index("ready")][
+                    "address"
+                ]
             yield runner
         finally:
             if process.returncode is None:
@@ -158,7 +180,9 @@ class EventsStream:
         self._buffer = rest[size + 2 :]
         return None if size == 0 else rest[:size]
 
-    async def lines(self, count: int | None = None, *, until: Callable[[list[dict[str, Any]]], bool] | None = None) -> list[dict[str, Any]]:
+    async def lines(
+        self, count: int | None = None, *, until: Callable[[list[dict[str, Any]]], bool] | None = None
+    ) -> list[dict[str, Any]]:
         """Read whole lines until ``count`` were read, ``until`` holds, or the stream ends."""
         got: list[dict[str, Any]] = []
         while (count is None or len(got) < count) and not (until and got and until(got)):
@@ -178,7 +202,9 @@ class EventsStream:
 
 
 @asynccontextmanager
-async def open_events(runner: RunnerProcess, query: str = "", *, receive_buffer: int | None = None) -> AsyncIterator[EventsStream]:
+async def open_events(
+    runner: RunnerProcess, query: str = "", *, receive_buffer: int | None = None
+) -> AsyncIterator[EventsStream]:
     """``GET /v1/runner/events?QUERY`` over a raw socket; the answer's head is read."""
     host, port = runner.address.rsplit(":", 1)
     sock = trio.socket.socket()
@@ -204,7 +230,9 @@ async def open_events(runner: RunnerProcess, query: str = "", *, receive_buffer:
         await stream.aclose()
 
 
-async def read_stream(runner: RunnerProcess, query: str, *, until: Callable[[list[dict[str, Any]]], bool], timeout: float = 10) -> list[dict[str, Any]]:
+async def read_stream(
+    runner: RunnerProcess, query: str, *, until: Callable[[list[dict[str, Any]]], bool], timeout: float = 10
+) -> list[dict[str, Any]]:
     """Read stream lines after ``?QUERY`` until ``until(lines)`` holds."""
     with trio.fail_after(timeout):
         async with open_events(runner, query) as events:

@@ -12,7 +12,10 @@ pytestmark = pytest.mark.slow
 
 
 async def test_the_agent_reads_what_the_call_was_started_with(tmp_path: Path) -> None:
-    async with start_runner(tmp_path / "j.db", "--max-sessions", "2", agent="examples.concierge") as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", "--max-sessions", "2", agent="examples.concierge") as runner,
+        runner.client() as client,
+    ):
         for session_id, experiments in [("sent", {"greeting": "formal"}), ("assigned", None)]:
             body = {
                 "sessionId": session_id,
@@ -25,7 +28,10 @@ async def test_the_agent_reads_what_the_call_was_started_with(tmp_path: Path) ->
                 body["experiments"] = experiments
             assert (await client.post("/v1/sessions", json=body)).status_code == 202
         lines = await read_stream(
-            runner, "from=0", until=lambda ls: sum(l["body"].get("role") == "assistant" for l in ls) >= 2, timeout=20
+            runner,
+            "from=0",
+            until=lambda ls: sum(l["body"].get("role") == "assistant" for l in ls) >= 2,
+            timeout=20,
         )
     greetings = {l["producer"]: l["body"]["text"] for l in lines if l["body"].get("role") == "assistant"}
     started = {l["producer"]: l["body"]["payload"] for l in lines if l["body"].get("name") == "curb.started"}
@@ -35,7 +41,6 @@ async def test_the_agent_reads_what_the_call_was_started_with(tmp_path: Path) ->
     assert started["sent"]["direction"] == "outbound"
     # Not sent: assigned by the seed's rule (here the client context's "greeting" key is absent).
     from examples.concierge import GREETINGS, agent
-
     from runner.agent import assign_variant
 
     variant = assign_variant("assigned", "greeting", agent.experiments["greeting"])

@@ -20,7 +20,15 @@ import pytest
 import trio
 from jsonschema import Draft202012Validator
 
-from .runner_process import READY_PREFIX, TOKEN, RunnerProcess, open_events, read_stream, records, start_runner
+from .runner_process import (
+    READY_PREFIX,
+    TOKEN,
+    RunnerProcess,
+    open_events,
+    read_stream,
+    records,
+    start_runner,
+)
 from .test_protocol_schema import _validator
 
 pytestmark = pytest.mark.slow
@@ -38,7 +46,9 @@ def _cached_validator(type_name: str) -> Draft202012Validator:
 
 def conforms(type_name: str, value: Any) -> Any:
     """Assert ``value`` is a valid ``type_name`` of the protocol schema; return it."""
-    errors = [f"{list(e.absolute_path)}: {e.message}" for e in _cached_validator(type_name).iter_errors(value)]
+    errors = [
+        f"{list(e.absolute_path)}: {e.message}" for e in _cached_validator(type_name).iter_errors(value)
+    ]
     assert not errors, f"not a valid {type_name}: {errors}\n{json.dumps(value)}"
     return value
 
@@ -51,9 +61,11 @@ def body_type(line: dict[str, Any]) -> str | None:
     if cls == "host":
         return "HostRecordBody"
     if cls == "conversation" and body.get("type") == "event":
-        return {"curb.started": "CallStartedEvent", "curb.ended": "CallEndedEvent", "curb.messages": "CallMessagesEvent"}.get(
-            body["name"], "ConversationEventBody"
-        )
+        return {
+            "curb.started": "CallStartedEvent",
+            "curb.ended": "CallEndedEvent",
+            "curb.messages": "CallMessagesEvent",
+        }.get(body["name"], "ConversationEventBody")
     return None
 
 
@@ -171,11 +183,16 @@ async def test_a_new_call_is_accepted_once_connected(tmp_path: Path) -> None:
 
 
 async def test_a_repeat_start_is_accepted_false_with_the_call_as_it_is(tmp_path: Path) -> None:
-    async with start_runner(tmp_path / "j.db", "--max-sessions", "1", "--heartbeat-ms", "300") as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", "--max-sessions", "1", "--heartbeat-ms", "300") as runner,
+        runner.client() as client,
+    ):
         first = answer(await client.post("/v1/sessions", json=call_start("c1")), 202, "StartCallResponse")
         # A repeat is recognised by its session id, even at capacity and with another URL.
         repeat = answer(
-            await client.post("/v1/sessions", json=call_start("c1", url="loopback://elsewhere")), 202, "StartCallResponse"
+            await client.post("/v1/sessions", json=call_start("c1", url="loopback://elsewhere")),
+            202,
+            "StartCallResponse",
         )
         assert repeat == {"sessionId": "c1", "accepted": False, "call": first["call"]}
         status = await status_of(client)
@@ -209,7 +226,11 @@ INVALID_BODIES: list[tuple[str, Any, list[str | int]]] = [
     ("configurationVersion 1.5", call_start("c", configurationVersion=1.5), ["configurationVersion"]),
     ('configurationVersion "1"', call_start("c", configurationVersion="1"), ["configurationVersion"]),
     ("configurationVersion true", call_start("c", configurationVersion=True), ["configurationVersion"]),
-    ("clientContext with a number", call_start("c", clientContext={"event": "e", "seats": 3}), ["clientContext"]),
+    (
+        "clientContext with a number",
+        call_start("c", clientContext={"event": "e", "seats": 3}),
+        ["clientContext"],
+    ),
     ("experiments with a list", call_start("c", experiments={"greeting": ["casual"]}), ["experiments"]),
     ("direction sideways", call_start("c", direction="sideways"), ["direction"]),
     ("direction null", call_start("c", direction=None), ["direction"]),
@@ -254,12 +275,20 @@ async def test_generation_mismatch_is_409_for_either_field(tmp_path: Path) -> No
     generation = ("--deployment-id", "dep-7", "--configuration-version", "3", "--max-sessions", "5")
     async with start_runner(tmp_path / "j.db", *generation) as runner, runner.client() as client:
         wrong_deployment = refused(
-            await client.post("/v1/sessions", json=call_start("a", deploymentId="dep-8")), 409, "generation_mismatch"
+            await client.post("/v1/sessions", json=call_start("a", deploymentId="dep-8")),
+            409,
+            "generation_mismatch",
         )
         assert "dep-8" in wrong_deployment.get("detail", "")
-        refused(await client.post("/v1/sessions", json=call_start("b", configurationVersion=4)), 409, "generation_mismatch")
         refused(
-            await client.post("/v1/sessions", json=call_start("c", deploymentId="dep-7", configurationVersion=2)),
+            await client.post("/v1/sessions", json=call_start("b", configurationVersion=4)),
+            409,
+            "generation_mismatch",
+        )
+        refused(
+            await client.post(
+                "/v1/sessions", json=call_start("c", deploymentId="dep-7", configurationVersion=2)
+            ),
             409,
             "generation_mismatch",
         )
@@ -270,15 +299,30 @@ async def test_generation_mismatch_is_409_for_either_field(tmp_path: Path) -> No
             ("only-version", {"configurationVersion": 3}),
             ("neither", {}),
         ]:
-            started = answer(await client.post("/v1/sessions", json=call_start(session_id, **extra)), 202, "StartCallResponse")
+            started = answer(
+                await client.post("/v1/sessions", json=call_start(session_id, **extra)),
+                202,
+                "StartCallResponse",
+            )
             assert started["accepted"] is True, session_id
         # The generation is checked before the repeat: a repeat for another generation is refused.
-        refused(await client.post("/v1/sessions", json=call_start("same", configurationVersion=9)), 409, "generation_mismatch")
+        refused(
+            await client.post("/v1/sessions", json=call_start("same", configurationVersion=9)),
+            409,
+            "generation_mismatch",
+        )
         status = await status_of(client)
-        assert sorted(call["sessionId"] for call in status["sessions"]) == ["neither", "only-deployment", "only-version", "same"]
+        assert sorted(call["sessionId"] for call in status["sessions"]) == [
+            "neither",
+            "only-deployment",
+            "only-version",
+            "same",
+        ]
         assert not {"a", "b", "c"} & {call["sessionId"] for call in status["sessions"]}
         lines = await stream_until(runner, lambda ls: "curb.started" in names(ls, "neither"))
-    assert not of(lines, "a") and not of(lines, "b") and not of(lines, "c")  # a refused start leaves no record
+    assert (
+        not of(lines, "a") and not of(lines, "b") and not of(lines, "c")
+    )  # a refused start leaves no record
     payload = of(lines, "same")[0]["body"]["payload"]
     assert (payload["deploymentId"], payload["configurationVersion"]) == ("dep-7", 3)
 
@@ -287,7 +331,8 @@ async def test_a_runner_that_states_no_generation_takes_any(tmp_path: Path) -> N
     async with start_runner(tmp_path / "j.db", "--max-sessions", "2") as runner, runner.client() as client:
         for session_id, version in [("v1", 1), ("v99", 99)]:
             started = await client.post(
-                "/v1/sessions", json=call_start(session_id, deploymentId=f"dep-{version}", configurationVersion=version)
+                "/v1/sessions",
+                json=call_start(session_id, deploymentId=f"dep-{version}", configurationVersion=version),
             )
             assert answer(started, 202, "StartCallResponse")["accepted"] is True
         status = await status_of(client)
@@ -304,17 +349,35 @@ async def test_runner_at_capacity_is_409(tmp_path: Path) -> None:
         full = refused(await client.post("/v1/sessions", json=call_start("c3")), 409, "runner_at_capacity")
         assert full.get("detail")
         # Capacity is checked before the transport: a full runner never tries to join.
-        refused(await client.post("/v1/sessions", json=call_start("c4", url="loopback://x?fail=busy")), 409, "runner_at_capacity")
+        refused(
+            await client.post("/v1/sessions", json=call_start("c4", url="loopback://x?fail=busy")),
+            409,
+            "runner_at_capacity",
+        )
         # A repeat is still answered at capacity; a freed place takes the next call.
-        assert answer(await client.post("/v1/sessions", json=call_start("c1")), 202, "StartCallResponse")["accepted"] is False
+        assert (
+            answer(await client.post("/v1/sessions", json=call_start("c1")), 202, "StartCallResponse")[
+                "accepted"
+            ]
+            is False
+        )
         answer(await client.delete("/v1/sessions/c1"), 200, "StopCallResponse")
-        assert answer(await client.post("/v1/sessions", json=call_start("c3")), 202, "StartCallResponse")["accepted"] is True
+        assert (
+            answer(await client.post("/v1/sessions", json=call_start("c3")), 202, "StartCallResponse")[
+                "accepted"
+            ]
+            is True
+        )
         status = await status_of(client)
         assert (status["maxSessions"], status["activeSessions"]) == (2, 2)
 
 
-async def _assert_start_failed(runner: RunnerProcess, client: httpx.AsyncClient, session_id: str, url: str) -> dict[str, Any]:
-    error = refused(await client.post("/v1/sessions", json=call_start(session_id, url=url)), 502, "start_failed")
+async def _assert_start_failed(
+    runner: RunnerProcess, client: httpx.AsyncClient, session_id: str, url: str
+) -> dict[str, Any]:
+    error = refused(
+        await client.post("/v1/sessions", json=call_start(session_id, url=url)), 502, "start_failed"
+    )
     assert error.get("detail"), error
     refused(await client.get(f"/v1/sessions/{session_id}"), 404, "session_not_found")
     assert (await status_of(client))["activeSessions"] == 0
@@ -327,8 +390,6 @@ async def _assert_start_failed(runner: RunnerProcess, client: httpx.AsyncClient,
     reason = ended_reason(lines, session_id)
     assert reason is not None and reason.startswith("start_failed"), reason
     return error
-
-
 
 
 async def test_a_refused_join_is_502_start_failed_with_its_record(tmp_path: Path) -> None:
@@ -360,17 +421,26 @@ async def test_get_a_call_or_404(tmp_path: Path) -> None:
     async with start_runner(tmp_path / "j.db") as runner, runner.client() as client:
         started = answer(await client.post("/v1/sessions", json=call_start("c1")), 202, "StartCallResponse")
         live = answer(await client.get("/v1/sessions/c1"), 200, "LiveCall")
-        assert live == {"sessionId": "c1", "state": "connected", "startedAtMs": started["call"]["startedAtMs"]}
+        assert live == {
+            "sessionId": "c1",
+            "state": "connected",
+            "startedAtMs": started["call"]["startedAtMs"],
+        }
         missing = refused(await client.get("/v1/sessions/nobody"), 404, "session_not_found")
         assert "nobody" in missing.get("detail", "")
 
 
 async def test_stop_with_reason_and_grace_ends_the_call_with_that_reason(tmp_path: Path) -> None:
-    async with start_runner(tmp_path / "j.db", "--max-sessions", "2", "--drain-grace-ms", "100") as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", "--max-sessions", "2", "--drain-grace-ms", "100") as runner,
+        runner.client() as client,
+    ):
         for session_id in ["hung-up", "plain"]:
             answer(await client.post("/v1/sessions", json=call_start(session_id)), 202, "StartCallResponse")
         async with open_events(runner, "from=0") as events:
-            stopped = await client.delete("/v1/sessions/hung-up", params={"reason": "caller_hung_up", "graceMs": "2000"})
+            stopped = await client.delete(
+                "/v1/sessions/hung-up", params={"reason": "caller_hung_up", "graceMs": "2000"}
+            )
             assert answer(stopped, 200, "StopCallResponse") == {"sessionId": "hung-up", "stopped": True}
             # The answer comes once the call ended: it is gone at once.
             refused(await client.get("/v1/sessions/hung-up"), 404, "session_not_found")
@@ -390,14 +460,26 @@ async def test_stop_with_reason_and_grace_ends_the_call_with_that_reason(tmp_pat
 async def test_a_session_id_that_ended_starts_a_new_call_under_the_same_producer(tmp_path: Path) -> None:
     async with start_runner(tmp_path / "j.db", "--heartbeat-ms", "300") as runner, runner.client() as client:
         first = answer(await client.post("/v1/sessions", json=call_start("again")), 202, "StartCallResponse")
-        answer(await client.delete("/v1/sessions/again", params={"reason": "first_done"}), 200, "StopCallResponse")
+        answer(
+            await client.delete("/v1/sessions/again", params={"reason": "first_done"}),
+            200,
+            "StopCallResponse",
+        )
         second = answer(await client.post("/v1/sessions", json=call_start("again")), 202, "StartCallResponse")
         assert second["accepted"] is True
         assert second["call"]["startedAtMs"] >= first["call"]["startedAtMs"]
-        answer(await client.delete("/v1/sessions/again", params={"reason": "second_done"}), 200, "StopCallResponse")
+        answer(
+            await client.delete("/v1/sessions/again", params={"reason": "second_done"}),
+            200,
+            "StopCallResponse",
+        )
         lines = records(await stream_until(runner, idle))
     assert_complete(lines, "again", calls=2)
-    ended = [line["body"]["payload"]["reason"] for line in of(lines, "again") if line["body"]["name"] == "curb.ended"]
+    ended = [
+        line["body"]["payload"]["reason"]
+        for line in of(lines, "again")
+        if line["body"]["name"] == "curb.ended"
+    ]
     assert ended == ["first_done", "second_done"]
 
 
@@ -423,7 +505,9 @@ async def test_grace_ms_outside_0_to_60000_is_400(tmp_path: Path) -> None:
         # The bounds themselves are accepted.
         for session_id, grace in [("c1", "0"), ("c2", "60000")]:
             if session_id != "c1":
-                answer(await client.post("/v1/sessions", json=call_start(session_id)), 202, "StartCallResponse")
+                answer(
+                    await client.post("/v1/sessions", json=call_start(session_id)), 202, "StartCallResponse"
+                )
             stopped = await client.delete(f"/v1/sessions/{session_id}", params={"graceMs": grace})
             assert answer(stopped, 200, "StopCallResponse")["stopped"] is True
 
@@ -444,7 +528,9 @@ async def test_runner_status_lists_the_calls_and_the_generation(tmp_path: Path) 
             "sessions": [],
         }
         calls = [
-            answer(await client.post("/v1/sessions", json=call_start(session_id)), 202, "StartCallResponse")["call"]
+            answer(await client.post("/v1/sessions", json=call_start(session_id)), 202, "StartCallResponse")[
+                "call"
+            ]
             for session_id in ["c1", "c2"]
         ]
         status = await status_of(client)
@@ -470,7 +556,10 @@ async def _post_all(client: httpx.AsyncClient, bodies: Sequence[dict[str, Any]])
 
 
 async def test_concurrent_starts_of_one_session_id_accept_exactly_one(tmp_path: Path) -> None:
-    async with start_runner(tmp_path / "j.db", "--max-sessions", "5", "--heartbeat-ms", "300") as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", "--max-sessions", "5", "--heartbeat-ms", "300") as runner,
+        runner.client() as client,
+    ):
         # A slow join keeps the first start waiting while the others arrive.
         responses = await _post_all(client, [call_start("same", url="loopback://x?connect_ms=200")] * 20)
         bodies = [answer(response, 202, "StartCallResponse") for response in responses]
@@ -484,8 +573,12 @@ async def test_concurrent_starts_of_one_session_id_accept_exactly_one(tmp_path: 
 
 async def test_concurrent_starts_beyond_capacity_accept_exactly_max_sessions(tmp_path: Path) -> None:
     async with start_runner(tmp_path / "j.db", "--max-sessions", "5") as runner, runner.client() as client:
-        responses = await _post_all(client, [call_start(f"c{i}", url="loopback://x?connect_ms=100") for i in range(20)])
-        accepted = [answer(r, 202, "StartCallResponse")["sessionId"] for r in responses if r.status_code == 202]
+        responses = await _post_all(
+            client, [call_start(f"c{i}", url="loopback://x?connect_ms=100") for i in range(20)]
+        )
+        accepted = [
+            answer(r, 202, "StartCallResponse")["sessionId"] for r in responses if r.status_code == 202
+        ]
         full = [refused(r, 409, "runner_at_capacity") for r in responses if r.status_code != 202]
         assert (len(accepted), len(full)) == (5, 15)
         status = await status_of(client)
@@ -498,7 +591,9 @@ async def test_a_call_still_joining_shows_starting(tmp_path: Path) -> None:
         result: dict[str, httpx.Response] = {}
 
         async def start() -> None:
-            result["slow"] = await client.post("/v1/sessions", json=call_start("slow", url="loopback://x?connect_ms=800"))
+            result["slow"] = await client.post(
+                "/v1/sessions", json=call_start("slow", url="loopback://x?connect_ms=800")
+            )
 
         seen: list[str] = []
         with trio.fail_after(10):
@@ -516,7 +611,9 @@ async def test_a_call_still_joining_shows_starting(tmp_path: Path) -> None:
                 assert status["activeSessions"] == 1
                 assert answer(await client.get("/v1/sessions/slow"), 200, "LiveCall")["state"] == "starting"
                 # A repeat while it joins is answered at once, with the call as it is.
-                repeat = answer(await client.post("/v1/sessions", json=call_start("slow")), 202, "StartCallResponse")
+                repeat = answer(
+                    await client.post("/v1/sessions", json=call_start("slow")), 202, "StartCallResponse"
+                )
                 assert (repeat["accepted"], repeat["call"]["state"]) == (False, "starting")
         started = answer(result["slow"], 202, "StartCallResponse")
         assert (started["accepted"], started["call"]["state"]) == (True, "connected")
@@ -661,7 +758,10 @@ async def test_an_answer_given_before_the_body_leaves_the_connection_usable(tmp_
             ("POST", "/v1/sessions/nobody/messages", TOKEN, 404),
             ("PATCH", "/v1/sessions/nobody", TOKEN, 404),
         ]
-        got = [(method, path, *await answered_before_its_body(runner, method, path, token=token)) for method, path, token, _ in cases]
+        got = [
+            (method, path, *await answered_before_its_body(runner, method, path, token=token))
+            for method, path, token, _ in cases
+        ]
     assert got == [(method, path, status, 200) for method, path, _, status in cases]
 
 
@@ -669,8 +769,18 @@ async def test_an_answer_given_before_the_body_leaves_the_connection_usable(tmp_
 
 
 async def test_smoke_self_host(tmp_path: Path) -> None:
-    argv = ("--max-sessions", "2", "--deployment-id", "dep-1", "--configuration-version", "1", "--heartbeat-ms", "200",
-            "--drain-grace-ms", "200")
+    argv = (
+        "--max-sessions",
+        "2",
+        "--deployment-id",
+        "dep-1",
+        "--configuration-version",
+        "1",
+        "--heartbeat-ms",
+        "200",
+        "--drain-grace-ms",
+        "200",
+    )
     async with start_runner(tmp_path / "j.db", *argv) as runner:
         ready_line = next(line for line in runner.stdout if line.startswith(READY_PREFIX))
         conforms("LifecycleReady", json.loads(ready_line.removeprefix("curb-hosted ")))
@@ -678,54 +788,100 @@ async def test_smoke_self_host(tmp_path: Path) -> None:
         async with runner.client(token=None) as anonymous:
             health = answer(await anonymous.get("/health"), 200, "Health")
             assert health == {"ok": True, "protocolVersion": 1, "versions": [1]}
-            for method, path in [("GET", "/v1/runner"), ("POST", "/v1/sessions"), ("GET", "/v1/runner/events"),
-                                 ("DELETE", "/v1/sessions/x"), ("POST", "/v1/runner/drain"), ("GET", "/nope")]:
-                assert refused(await anonymous.request(method, path), 401, "unauthorized") == {"error": "unauthorized"}
+            for method, path in [
+                ("GET", "/v1/runner"),
+                ("POST", "/v1/sessions"),
+                ("GET", "/v1/runner/events"),
+                ("DELETE", "/v1/sessions/x"),
+                ("POST", "/v1/runner/drain"),
+                ("GET", "/nope"),
+            ]:
+                assert refused(await anonymous.request(method, path), 401, "unauthorized") == {
+                    "error": "unauthorized"
+                }
 
-        async with runner.client() as client:
-            async with open_events(runner, "from=0") as events:
-                assert (events.status, events.headers["content-type"]) == (200, "application/x-ndjson")
-                assert refused(await client.get("/v2/runner"), 404, "unknown_version")["versions"] == [1]
-                refused(await client.get("/v1/nothing"), 404, "not_found")
-                quiet = await status_of(client)
-                assert (quiet["deploymentId"], quiet["configurationVersion"], quiet["activeSessions"]) == ("dep-1", 1, 0)
+        async with runner.client() as client, open_events(runner, "from=0") as events:
+            assert (events.status, events.headers["content-type"]) == (200, "application/x-ndjson")
+            assert refused(await client.get("/v2/runner"), 404, "unknown_version")["versions"] == [1]
+            refused(await client.get("/v1/nothing"), 404, "not_found")
+            quiet = await status_of(client)
+            assert (quiet["deploymentId"], quiet["configurationVersion"], quiet["activeSessions"]) == (
+                "dep-1",
+                1,
+                0,
+            )
 
-                first = await client.post("/v1/sessions", json=call_start(
-                    "smoke-1", deploymentId="dep-1", configurationVersion=1, clientContext={"event": "smoke"},
-                    direction="outbound", experiments={"greeting": "casual"}, unknownField=True,
-                ))
-                assert answer(first, 202, "StartCallResponse")["accepted"] is True
-                repeat = answer(await client.post("/v1/sessions", json=call_start("smoke-1")), 202, "StartCallResponse")
-                assert repeat["accepted"] is False
-                refused(await client.post("/v1/sessions", json=call_start("")), 400, "invalid_request")
-                refused(await client.post("/v1/sessions", content=b"[]"), 400, "invalid_request")
-                refused(await client.post("/v1/sessions", json=call_start("g", deploymentId="dep-2")), 409, "generation_mismatch")
-                refused(await client.post("/v1/sessions", json=call_start("f", url="loopback://x?fail=smoke")), 502, "start_failed")
-                answer(await client.post("/v1/sessions", json=call_start("smoke-2")), 202, "StartCallResponse")
-                refused(await client.post("/v1/sessions", json=call_start("smoke-3")), 409, "runner_at_capacity")
+            first = await client.post(
+                "/v1/sessions",
+                json=call_start(
+                    "smoke-1",
+                    deploymentId="dep-1",
+                    configurationVersion=1,
+                    clientContext={"event": "smoke"},
+                    direction="outbound",
+                    experiments={"greeting": "casual"},
+                    unknownField=True,
+                ),
+            )
+            assert answer(first, 202, "StartCallResponse")["accepted"] is True
+            repeat = answer(
+                await client.post("/v1/sessions", json=call_start("smoke-1")), 202, "StartCallResponse"
+            )
+            assert repeat["accepted"] is False
+            refused(await client.post("/v1/sessions", json=call_start("")), 400, "invalid_request")
+            refused(await client.post("/v1/sessions", content=b"[]"), 400, "invalid_request")
+            refused(
+                await client.post("/v1/sessions", json=call_start("g", deploymentId="dep-2")),
+                409,
+                "generation_mismatch",
+            )
+            refused(
+                await client.post("/v1/sessions", json=call_start("f", url="loopback://x?fail=smoke")),
+                502,
+                "start_failed",
+            )
+            answer(
+                await client.post("/v1/sessions", json=call_start("smoke-2")), 202, "StartCallResponse"
+            )
+            refused(
+                await client.post("/v1/sessions", json=call_start("smoke-3")), 409, "runner_at_capacity"
+            )
 
-                assert answer(await client.get("/v1/sessions/smoke-1"), 200, "LiveCall")["state"] == "connected"
-                refused(await client.get("/v1/sessions/smoke-3"), 404, "session_not_found")
-                busy = await status_of(client)
-                assert busy["activeSessions"] == 2
-                with trio.fail_after(STREAM_TIMEOUT_S):
-                    lines = await events.lines(until=idle)  # up to a heartbeat, checked with the rest
+            assert (
+                answer(await client.get("/v1/sessions/smoke-1"), 200, "LiveCall")["state"] == "connected"
+            )
+            refused(await client.get("/v1/sessions/smoke-3"), 404, "session_not_found")
+            busy = await status_of(client)
+            assert busy["activeSessions"] == 2
+            with trio.fail_after(STREAM_TIMEOUT_S):
+                lines = await events.lines(until=idle)  # up to a heartbeat, checked with the rest
 
-                refused(await client.delete("/v1/sessions/smoke-2", params={"graceMs": "-1"}), 400, "invalid_request")
-                stopped = await client.delete("/v1/sessions/smoke-2", params={"reason": "smoke_done", "graceMs": "100"})
-                assert answer(stopped, 200, "StopCallResponse")["stopped"] is True
-                assert answer(await client.delete("/v1/sessions/smoke-2"), 200, "StopCallResponse")["stopped"] is False
+            refused(
+                await client.delete("/v1/sessions/smoke-2", params={"graceMs": "-1"}),
+                400,
+                "invalid_request",
+            )
+            stopped = await client.delete(
+                "/v1/sessions/smoke-2", params={"reason": "smoke_done", "graceMs": "100"}
+            )
+            assert answer(stopped, 200, "StopCallResponse")["stopped"] is True
+            assert (
+                answer(await client.delete("/v1/sessions/smoke-2"), 200, "StopCallResponse")["stopped"]
+                is False
+            )
 
-                refused(await client.get("/v1/runner/events", params={"from": "abc"}), 400, "invalid_request")
-                too_old = refused(await client.get("/v1/runner/events", params={"from": "9999"}), 410, "cursor_too_old")
-                assert too_old["requested"] == 9999
-                refused(await client.put("/v1/runner"), 405, "not_found")
+            refused(await client.get("/v1/runner/events", params={"from": "abc"}), 400, "invalid_request")
+            too_old = refused(
+                await client.get("/v1/runner/events", params={"from": "9999"}), 410, "cursor_too_old"
+            )
+            assert too_old["requested"] == 9999
+            refused(await client.put("/v1/runner"), 405, "not_found")
 
-                drained = answer(await client.post("/v1/runner/drain"), 202, "RunnerStatus")
-                assert drained["draining"] is True
-                refused(await client.post("/v1/sessions", json=call_start("late")), 503, "runner_draining")
-                with trio.fail_after(STREAM_TIMEOUT_S):
-                    lines += await events.lines()  # to the end of the stream
+            drained = answer(await client.post("/v1/runner/drain"), 202, "RunnerStatus")
+            assert drained["draining"] is True
+            refused(await client.post("/v1/sessions", json=call_start("late")), 503, "runner_draining")
+            with trio.fail_after(STREAM_TIMEOUT_S):
+                lines += await events.lines()  # to the end of the stream
         assert await runner.wait_exit() == 0
 
     conforming_lines(lines)
@@ -741,4 +897,8 @@ async def test_smoke_self_host(tmp_path: Path) -> None:
     assert (ended_reason(recs, "smoke-1"), ended_reason(recs, "smoke-2")) == ("runner_draining", "smoke_done")
     assert ended_reason(recs, "f").startswith("start_failed")  # type: ignore[union-attr]
     started = of(recs, "smoke-1")[0]["body"]["payload"]
-    assert (started["deploymentId"], started["configurationVersion"], started["direction"]) == ("dep-1", 1, "outbound")
+    assert (started["deploymentId"], started["configurationVersion"], started["direction"]) == (
+        "dep-1",
+        1,
+        "outbound",
+    )

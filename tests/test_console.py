@@ -14,8 +14,13 @@ import trio
 REPO = Path(__file__).resolve().parent.parent
 
 
-async def console(*args: str, stdin: str, cwd: Path, seconds: float = 30) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+async def console(
+    *args: str, stdin: str, cwd: Path, seconds: float = 30
+) -> subprocess.CompletedProcess[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     with trio.fail_after(seconds):
         return await trio.run_process(
             [sys.executable, "-m", "runner", "console", *args],
@@ -51,7 +56,9 @@ async def test_text_console_takes_a_line_per_turn_and_skips_blank_ones(tmp_path:
         "agent = Agent('shop', instructions='We sell bicycles. We open at nine.')\n",
         encoding="utf-8",
     )
-    done = await console("--text", f"{agent}:agent", stdin="when do you open\n\n   \nwhat do you sell\n", cwd=tmp_path)
+    done = await console(
+        "--text", f"{agent}:agent", stdin="when do you open\n\n   \nwhat do you sell\n", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr.decode()
     lines = done.stdout.decode().splitlines()
     assert [line.split("  (")[0] for line in lines] == ["We open at nine.", "We sell bicycles."]

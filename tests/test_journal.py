@@ -36,7 +36,9 @@ async def test_append_returns_only_once_committed(tmp_path: Path) -> None:
         record = await journal.append("runner", "lifecycle", {"event": "ready"})
         # Another connection (another process, as far as SQLite knows) sees it.
         other = sqlite3.connect(path)
-        row = other.execute("SELECT producer, seq, body FROM records WHERE envelope = ?", (record.envelope,)).fetchone()
+        row = other.execute(
+            "SELECT producer, seq, body FROM records WHERE envelope = ?", (record.envelope,)
+        ).fetchone()
         other.close()
     assert row == ("runner", 1, '{"event":"ready"}')
 
@@ -78,7 +80,9 @@ async def test_cursor_checks(tmp_path: Path) -> None:
             await journal.read_lines(2)
 
 
-async def test_a_follower_wakes_on_commit_without_polling(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+async def test_a_follower_wakes_on_commit_without_polling(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
     async with open_journal(tmp_path / "j.db") as journal:
         seen: list[int] = []
 
@@ -101,7 +105,9 @@ async def test_a_follower_wakes_on_commit_without_polling(tmp_path: Path, autoju
 
 async def test_stream_lines_are_the_wire_records(tmp_path: Path) -> None:
     async with open_journal(tmp_path / "j.db") as journal:
-        await journal.append("call-1", "host", {"type": "host", "id": "a-1", "name": "x", "payload": {"q": "é"}}, stamp=True)
+        await journal.append(
+            "call-1", "host", {"type": "host", "id": "a-1", "name": "x", "payload": {"q": "é"}}, stamp=True
+        )
         ((envelope, line),) = await journal.read_lines(0)
     assert envelope == 1
     import json
@@ -138,7 +144,10 @@ async def test_journal_file_reads_beside_a_writer(tmp_path: Path) -> None:
 
 async def test_lines_from_memory_and_from_the_file_are_identical(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    bodies = [{"type": "event", "text": "café ☕ \"q\" \\ \n\t\u0001"}, {"type": "host", "n": 1.5, "x": [1, None, True]}]
+    bodies = [
+        {"type": "event", "text": 'café ☕ "q" \\ \n\t\u0001'},
+        {"type": "host", "n": 1.5, "x": [1, None, True]},
+    ]
     async with open_journal(path) as journal:
         for i, body in enumerate(bodies):
             await journal.append(f"call-é-{i}", "conversation", body, stamp=i == 0)
@@ -231,18 +240,17 @@ async def test_a_cancelled_appender_still_gets_its_record_written(tmp_path: Path
 async def test_closing_commits_what_is_queued_then_refuses(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     got: list[int] = []
-    async with trio.open_nursery() as nursery:
-        async with open_journal(path) as journal:
+    async with trio.open_nursery() as nursery, open_journal(path) as journal:
 
-            async def append(n: int) -> None:
-                got.append((await journal.append("p", "c", {"n": n})).envelope)
+        async def append(n: int) -> None:
+            got.append((await journal.append("p", "c", {"n": n})).envelope)
 
-            for n in range(20):
-                nursery.start_soon(append, n)
-            await trio.testing.wait_all_tasks_blocked()
-            journal.close_nowait()
-            with pytest.raises(JournalClosed):
-                await journal.append("p", "c", {"late": True})
+        for n in range(20):
+            nursery.start_soon(append, n)
+        await trio.testing.wait_all_tasks_blocked()
+        journal.close_nowait()
+        with pytest.raises(JournalClosed):
+            await journal.append("p", "c", {"late": True})
     assert sorted(got) == list(range(1, 21))
     cold = JournalFile(path)
     try:

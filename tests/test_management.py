@@ -25,8 +25,16 @@ async def test_ready_line_health_and_auth(tmp_path: Path) -> None:
 
         async with runner.client(token=None) as anonymous:
             health = await anonymous.get("/health")
-            assert (health.status_code, health.json()) == (200, {"ok": True, "protocolVersion": 1, "versions": [1]})
-            for method, path in [("GET", "/v1/runner"), ("GET", "/nope"), ("GET", "/v1/nope"), ("POST", "/v1/sessions")]:
+            assert (health.status_code, health.json()) == (
+                200,
+                {"ok": True, "protocolVersion": 1, "versions": [1]},
+            )
+            for method, path in [
+                ("GET", "/v1/runner"),
+                ("GET", "/nope"),
+                ("GET", "/v1/nope"),
+                ("POST", "/v1/sessions"),
+            ]:
                 answer = await anonymous.request(method, path)
                 assert (answer.status_code, answer.json()) == (401, {"error": "unauthorized"}), path
         async with runner.client(token="wrong") as wrong:
@@ -87,14 +95,24 @@ async def test_heartbeat_and_following_from_now(tmp_path: Path) -> None:
 
 
 async def test_cursor_too_old_and_cursor_ahead(tmp_path: Path) -> None:
-    async with start_runner(tmp_path / "j.db", "--retention", "3", "--max-sessions", "5") as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", "--retention", "3", "--max-sessions", "5") as runner,
+        runner.client() as client,
+    ):
         for i in range(4):
-            await client.post("/v1/sessions", json={"sessionId": f"c{i}", "realtimeUrl": "loopback:", "realtimeToken": "t"})
+            await client.post(
+                "/v1/sessions", json={"sessionId": f"c{i}", "realtimeUrl": "loopback:", "realtimeToken": "t"}
+            )
         # Records 1..5 were written; 3..5 are retained.
         too_old = await client.get("/v1/runner/events", params={"from": "1"})
         assert (too_old.status_code, too_old.json()) == (
             410,
-            {"error": "cursor_too_old", "detail": too_old.json()["detail"], "requested": 1, "oldestRetained": 3},
+            {
+                "error": "cursor_too_old",
+                "detail": too_old.json()["detail"],
+                "requested": 1,
+                "oldestRetained": 3,
+            },
         )
         ahead = await client.get("/v1/runner/events", params={"from": "99"})
         assert ahead.status_code == 410

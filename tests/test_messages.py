@@ -46,9 +46,14 @@ KEEP_BYTES = 4096
 
 
 @asynccontextmanager
-async def messenger(tmp_path: Path, *extra: str, **options: Any) -> AsyncIterator[tuple[RunnerProcess, httpx.AsyncClient]]:
+async def messenger(
+    tmp_path: Path, *extra: str, **options: Any
+) -> AsyncIterator[tuple[RunnerProcess, httpx.AsyncClient]]:
     """A ``runner serve tests.agents:messenger`` process and a host client for it."""
-    async with start_runner(tmp_path / "j.db", *extra, agent=MESSENGER, **options) as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", *extra, agent=MESSENGER, **options) as runner,
+        runner.client() as client,
+    ):
         yield runner, client
 
 
@@ -57,7 +62,9 @@ async def place(client: httpx.AsyncClient, session_id: str, url: str = "loopback
 
 
 async def stop(client: httpx.AsyncClient, session_id: str) -> None:
-    assert answer(await client.delete(f"/v1/sessions/{session_id}"), 200, "StopCallResponse")["stopped"] is True
+    assert (
+        answer(await client.delete(f"/v1/sessions/{session_id}"), 200, "StopCallResponse")["stopped"] is True
+    )
 
 
 def message(id_: str, name: str, payload: Any = None, **extra: Any) -> dict[str, Any]:
@@ -87,7 +94,9 @@ async def wait_ended(follower: Follower, producer: str) -> list[dict[str, Any]]:
 
 
 async def wait_host_record(follower: Follower, producer: str, name: str, count: int = 1) -> dict[str, Any]:
-    found = await follower.wait_for(lambda rs: len(host_records(rs, producer, name)) >= count and host_records(rs, producer, name))
+    found = await follower.wait_for(
+        lambda rs: len(host_records(rs, producer, name)) >= count and host_records(rs, producer, name)
+    )
     return found[count - 1]  # type: ignore[no-any-return]
 
 
@@ -111,7 +120,14 @@ async def test_a_message_is_delivered_once_by_id(tmp_path: Path) -> None:
         records = await wait_ended(follower, "c1")
     # The repeat ran no handler: one delivery, with the handler's reply.
     assert messages_of(records, "c1") == [
-        {"from": "host", "key": "note", "id": "m-1", "payload": {"x": 1}, "outcome": "delivered", "reply": {"seen": {"x": 1}}}
+        {
+            "from": "host",
+            "key": "note",
+            "id": "m-1",
+            "payload": {"x": 1},
+            "outcome": "delivered",
+            "reply": {"seen": {"x": 1}},
+        }
     ]
 
 
@@ -122,11 +138,15 @@ async def test_each_refusal_leaves_its_id_free_for_a_corrected_retry(tmp_path: P
 
         # no_handler: nothing listens for the key from the host (claim-submitted is the client's).
         refused(await send(client, "c1", message("m-1", "nobody")), 422, "no_handler")
-        refused(await send(client, "c1", message("m-1", "claim-submitted", {"claimId": "C-1"})), 422, "no_handler")
+        refused(
+            await send(client, "c1", message("m-1", "claim-submitted", {"claimId": "C-1"})), 422, "no_handler"
+        )
         delivered(await send(client, "c1", message("m-1", "note", {"retry": True})), "m-1")
 
         # invalid_payload: the schema refused it, no handler ran; issues as [{path, message}].
-        body = refused(await send(client, "c1", message("m-2", "lead", {"score": "high"})), 422, "invalid_payload")
+        body = refused(
+            await send(client, "c1", message("m-2", "lead", {"score": "high"})), 422, "invalid_payload"
+        )
         assert [issue["path"] for issue in body["issues"]] == [["score"]]
         assert all(isinstance(issue["message"], str) and issue["message"] for issue in body["issues"])
         delivered(await send(client, "c1", message("m-2", "lead", {"score": 0.8})), "m-2")
@@ -134,7 +154,11 @@ async def test_each_refusal_leaves_its_id_free_for_a_corrected_retry(tmp_path: P
         assert scored["payload"] == {"score": 0.8}
 
         # handler_failed: the middle handler raised; the first and the last still ran.
-        refused(await send(client, "c1", message("m-3", "flaky", {"attempt": 1, "fail": True})), 422, "handler_failed")
+        refused(
+            await send(client, "c1", message("m-3", "flaky", {"attempt": 1, "fail": True})),
+            422,
+            "handler_failed",
+        )
         assert (await wait_host_record(follower, "c1", "flaky.first"))["payload"] == {"attempt": 1}
         assert (await wait_host_record(follower, "c1", "flaky.last"))["payload"] == {"attempt": 1}
         delivered(await send(client, "c1", message("m-3", "flaky", {"attempt": 2})), "m-3")
@@ -186,12 +210,16 @@ async def test_a_malformed_message_is_invalid_request(tmp_path: Path) -> None:
             error = refused(await send(client, "c1", body), 400, "invalid_request")
             if path is not None:
                 assert path in [issue["path"] for issue in error["issues"]], (body, error)
-        not_json = await client.post("/v1/sessions/c1/messages", content=b"{not json", headers={"content-type": "application/json"})
+        not_json = await client.post(
+            "/v1/sessions/c1/messages", content=b"{not json", headers={"content-type": "application/json"}
+        )
         refused(not_json, 400, "invalid_request")
         # Python's json reads NaN and Infinity; JSON has neither, and the journal could not keep them.
         for constant in (b"NaN", b"Infinity", b"-Infinity"):
             content = b'{"id":"m-nan","name":"note","payload":{"x":' + constant + b"}}"
-            not_json = await client.post("/v1/sessions/c1/messages", content=content, headers={"content-type": "application/json"})
+            not_json = await client.post(
+                "/v1/sessions/c1/messages", content=content, headers={"content-type": "application/json"}
+            )
             refused(not_json, 400, "invalid_request")
         # The limits are inclusive: 128 characters of id and 256 of name are a message.
         delivered(await send(client, "c1", message("i" * 128, "note")), "i" * 128)
@@ -202,12 +230,13 @@ async def test_a_malformed_message_is_invalid_request(tmp_path: Path) -> None:
 @pytest.mark.slow
 async def test_a_direct_join_runner_takes_no_host_messages_but_its_records_leave(tmp_path: Path) -> None:
     join = ("--url", "loopback://j", "--token", "t", "--session-id", "j1")
-    async with start_runner(tmp_path / "j.db", *join, command="join", agent="tests.agents:greets_host") as runner:
-        async with runner.client() as client, follow(runner) as follower:
-            joined = await wait_host_record(follower, "j1", "agent.joined")
-            assert joined["payload"] == {"sessionId": "j1"} and joined["expectsReply"] is False
-            refused(await send(client, "j1", message("m-1", "note")), 501, "runner_takes_no_calls")
-            refused(await send(client, "j1", {"garbage": True}), 501, "runner_takes_no_calls")
+    async with start_runner(
+        tmp_path / "j.db", *join, command="join", agent="tests.agents:greets_host"
+    ) as runner, runner.client() as client, follow(runner) as follower:
+        joined = await wait_host_record(follower, "j1", "agent.joined")
+        assert joined["payload"] == {"sessionId": "j1"} and joined["expectsReply"] is False
+        refused(await send(client, "j1", message("m-1", "note")), 501, "runner_takes_no_calls")
+        refused(await send(client, "j1", {"garbage": True}), 501, "runner_takes_no_calls")
 
 
 # -- Held while starting ------------------------------------------------------------------------
@@ -220,7 +249,9 @@ async def test_33_messages_to_a_starting_call(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
 
             async def start_slow_call() -> None:
-                placed.append(await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1500")))
+                placed.append(
+                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1500"))
+                )
 
             nursery.start_soon(start_slow_call)
             with trio.fail_after(5):
@@ -261,7 +292,9 @@ async def test_once_connected_a_message_is_not_refused_for_capacity(tmp_path: Pa
         async with trio.open_nursery() as nursery:
 
             async def start_slow_call() -> None:
-                placed.append(await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1000")))
+                placed.append(
+                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1000"))
+                )
 
             nursery.start_soon(start_slow_call)
             with trio.fail_after(5):
@@ -286,14 +319,18 @@ async def test_a_call_stopped_while_its_held_messages_are_delivered_counts_them_
         async with trio.open_nursery() as nursery:
 
             async def start_slow_call() -> None:
-                placed.append(await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1000")))
+                placed.append(
+                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1000"))
+                )
 
             nursery.start_soon(start_slow_call)
             with trio.fail_after(5):
                 while (await client.get("/v1/sessions/slow")).status_code != 200:
                     await trio.sleep(0.01)
             for i in range(1, 33):
-                delivered(await send(client, "slow", message(f"m-{i}", "nobody" if i == 32 else "note")), f"m-{i}")
+                delivered(
+                    await send(client, "slow", message(f"m-{i}", "nobody" if i == 32 else "note")), f"m-{i}"
+                )
         answer(placed[0], 202, "StartCallResponse")
         await stop(client, "slow")  # at once: the held messages are still being delivered
         records = await wait_ended(follower, "slow")
@@ -316,12 +353,16 @@ async def test_ask_host_round_trip_and_the_host_record_shape(tmp_path: Path) -> 
             asked: list[httpx.Response] = []
 
             async def ask() -> None:
-                body = message("m-1", "ask", {"key": "human.requested", "data": {"topic": "refund"}, "timeoutS": 10})
+                body = message(
+                    "m-1", "ask", {"key": "human.requested", "data": {"topic": "refund"}, "timeoutS": 10}
+                )
                 asked.append(await send(client, "c1", body))
 
             nursery.start_soon(ask)
             record = await follower.wait_for(
-                lambda rs: [r for r in of(rs, "c1") if r["class"] == "host" and r["body"]["name"] == "human.requested"]
+                lambda rs: [
+                    r for r in of(rs, "c1") if r["class"] == "host" and r["body"]["name"] == "human.requested"
+                ]
             )
             (line,) = record
             # No handler listens for human.answer: the reply resolves the ask by inReplyTo alone.
@@ -392,7 +433,9 @@ async def test_ask_host_is_unavailable_once_the_call_ends(tmp_path: Path) -> Non
                     await trio.sleep(0.01)
         delivered(asked[0], "m-1")
         records = await follower.wait_for(
-            lambda rs: ended(rs, "c1") and [m for m in messages_of(rs, "c1") if m["id"] == "m-1"] and of(rs, "c1")
+            lambda rs: (
+                ended(rs, "c1") and [m for m in messages_of(rs, "c1") if m["id"] == "m-1"] and of(rs, "c1")
+            )
         )
     (outcome,) = [m for m in messages_of(records, "c1") if m["id"] == "m-1"]
     assert outcome["reply"] == {"outcome": "unavailable"}
@@ -407,7 +450,10 @@ async def test_two_calls_each_take_message_m_1(tmp_path: Path) -> None:
         delivered(await send(client, "c1", message("m-1", "note", {"to": "c1"})), "m-1")
         delivered(await send(client, "c2", message("m-1", "note", {"to": "c2"})), "m-1")
         delivered(await send(client, "c1", message("m-1", "note", {"to": "c1"})), "m-1", was_delivered=False)
-        delivered(await send(client, "c2", message("m-2", "relay", {"toHost": ["only.c2"], "data": {"to": "c2"}})), "m-2")
+        delivered(
+            await send(client, "c2", message("m-2", "relay", {"toHost": ["only.c2"], "data": {"to": "c2"}})),
+            "m-2",
+        )
         await stop(client, "c1")
         await stop(client, "c2")
         await wait_ended(follower, "c1")
@@ -418,7 +464,9 @@ async def test_two_calls_each_take_message_m_1(tmp_path: Path) -> None:
         ("m-1", {"to": "c2"}),
         ("m-2", {"toHost": ["only.c2"], "data": {"to": "c2"}}),
     ]
-    assert host_records(records, "c1") == [] and [h["name"] for h in host_records(records, "c2")] == ["only.c2"]
+    assert host_records(records, "c1") == [] and [h["name"] for h in host_records(records, "c2")] == [
+        "only.c2"
+    ]
 
 
 # -- What the record keeps ---------------------------------------------------------------------------
@@ -433,7 +481,9 @@ async def test_a_10_kib_payload_is_kept_as_its_first_4_kib(tmp_path: Path) -> No
     body = '{"id":"big","name":"relay","payload":' + payload_text + "}"
     async with messenger(tmp_path) as (runner, client), follow(runner) as follower:
         await place(client, "c1")
-        response = await client.post("/v1/sessions/c1/messages", content=body.encode(), headers={"content-type": "application/json"})
+        response = await client.post(
+            "/v1/sessions/c1/messages", content=body.encode(), headers={"content-type": "application/json"}
+        )
         delivered(response, "big")
         small = {"toHost": ["small.echo"], "data": {"blob": "y" * 100}}
         delivered(await send(client, "c1", message("small", "relay", small)), "small")
@@ -480,7 +530,9 @@ async def test_to_client_with_no_app_or_on_a_phone_call_is_dropped_and_counted(t
 
 
 async def client_message(caller: LoopbackCaller, key: str, payload: Any, id_: str = "x-1") -> Any:
-    answer_text = await caller.request("curb.message", json.dumps({"key": key, "id": id_, "payload": payload}))
+    answer_text = await caller.request(
+        "curb.message", json.dumps({"key": key, "id": id_, "payload": payload})
+    )
     return json.loads(answer_text)
 
 
@@ -492,21 +544,34 @@ async def client_refusal(caller: LoopbackCaller, method: str, payload: str) -> C
 
 
 async def test_client_messages_reply_refuse_and_run_in_order(tmp_path: Path) -> None:
-    async with open_runner(agents.messenger, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        open_runner(agents.messenger, tmp_path) as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         await place(client, "c1")
         caller = await runner.wait_caller("c1")
-        assert await client_message(caller, "claim-submitted", {"claimId": "C-17"}) == {"reply": {"received": "C-17"}}
+        assert await client_message(caller, "claim-submitted", {"claimId": "C-17"}) == {
+            "reply": {"received": "C-17"}
+        }
         with trio.fail_after(5):
-            assert await caller.to_client.receive() == {"key": "show-status", "payload": {"status": "received", "claimId": "C-17"}}
+            assert await caller.to_client.receive() == {
+                "key": "show-status",
+                "payload": {"status": "received", "claimId": "C-17"},
+            }
 
         # Several handlers run in registration order; the reply is the last one's.
-        assert await client_message(caller, "ordered", {}) == {"reply": {"last": "second", "order": ["first", "second"]}}
+        assert await client_message(caller, "ordered", {}) == {
+            "reply": {"last": "second", "order": ["first", "second"]}
+        }
 
         def rpc(key: str, payload: Any) -> str:
             return json.dumps({"key": key, "id": "x-2", "payload": payload})
 
         assert (await client_refusal(caller, "curb.message", rpc("nobody", {}))).code == "no_handler"
-        assert (await client_refusal(caller, "curb.message", rpc("note", {}))).code == "no_handler"  # the host's key
+        assert (
+            await client_refusal(caller, "curb.message", rpc("note", {}))
+        ).code == "no_handler"  # the host's key
         invalid = await client_refusal(caller, "curb.message", rpc("claim-submitted", {"claimId": 17}))
         assert invalid.code == "invalid_payload"
         assert invalid.data is not None and [i["path"] for i in invalid.data["issues"]] == [["claimId"]]
@@ -573,7 +638,11 @@ async def speak(caller: LoopbackCaller, text: str) -> None:
 
 
 async def transfer(
-    follower: Follower, client: httpx.AsyncClient, caller: LoopbackCaller, session_id: str, reply: dict[str, Any] | None
+    follower: Follower,
+    client: httpx.AsyncClient,
+    caller: LoopbackCaller,
+    session_id: str,
+    reply: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """Ask for sales; answer the agent's transfer ask with ``reply`` (or not at all); return the turn."""
     caller.say("Please transfer me to sales.")
@@ -581,18 +650,33 @@ async def transfer(
     assert ask["expectsReply"] is True
     assert ask["payload"] == {"target": "sip:sales@example.com", "reason": "sales"}
     if reply is not None:
-        delivered(await send(client, session_id, message("t-1", "curb.transfer.answer", reply, inReplyTo=ask["id"])), "t-1")
-    (turn,) = await follower.wait_for(lambda rs: [t for t in turns(rs, session_id, "assistant") if t["toolCalls"]])
+        delivered(
+            await send(
+                client, session_id, message("t-1", "curb.transfer.answer", reply, inReplyTo=ask["id"])
+            ),
+            "t-1",
+        )
+    (turn,) = await follower.wait_for(
+        lambda rs: [t for t in turns(rs, session_id, "assistant") if t["toolCalls"]]
+    )
     return turn  # type: ignore[no-any-return]
 
 
 async def test_a_transfer_accepted_then_the_target_joins_and_leaves(tmp_path: Path) -> None:
-    async with open_runner(agents.switchboard, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        open_runner(agents.switchboard, tmp_path) as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         await place(client, "c1")
         caller = await runner.wait_caller("c1")
         turn = await transfer(follower, client, caller, "c1", {"accepted": True})
         (call,) = turn["toolCalls"]
-        assert (call["name"], call["arguments"], call["ok"]) == ("transfer_call", {"department": "sales"}, True)
+        assert (call["name"], call["arguments"], call["ok"]) == (
+            "transfer_call",
+            {"department": "sales"},
+            True,
+        )
         assert call["result"] == "Transferring the caller to sales now."
 
         caller.join("sales-1", "transfer_target")
@@ -617,7 +701,11 @@ async def test_a_transfer_accepted_then_the_target_joins_and_leaves(tmp_path: Pa
 
 
 async def test_no_turn_is_taken_while_the_transfer_target_is_in_the_call(tmp_path: Path) -> None:
-    async with open_runner(agents.switchboard, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        open_runner(agents.switchboard, tmp_path) as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         await place(client, "c1")
         caller = await runner.wait_caller("c1")
         await transfer(follower, client, caller, "c1", {"accepted": True})
@@ -632,16 +720,25 @@ async def test_no_turn_is_taken_while_the_transfer_target_is_in_the_call(tmp_pat
         caller.leave("sales-1", "transfer_target")
         await follower.wait_for(lambda rs: len(events_named(rs, "c1", "curb.transfer")) == 2)
         caller.say("Thank you, goodbye.")
-        await follower.wait_for(lambda rs: "Thank you, goodbye." in [t["text"] for t in turns(rs, "c1", "user")])
+        await follower.wait_for(
+            lambda rs: "Thank you, goodbye." in [t["text"] for t in turns(rs, "c1", "user")]
+        )
         await follower.wait_for(lambda rs: len(turns(rs, "c1", "assistant")) >= 2)
         await stop(client, "c1")
         records = await wait_ended(follower, "c1")
     # While the target was in the call the agent neither listened nor spoke: no turn for it.
-    assert [t["text"] for t in turns(records, "c1", "user")] == ["Please transfer me to sales.", "Thank you, goodbye."]
+    assert [t["text"] for t in turns(records, "c1", "user")] == [
+        "Please transfer me to sales.",
+        "Thank you, goodbye.",
+    ]
 
 
 async def test_a_transfer_declined(tmp_path: Path) -> None:
-    async with open_runner(agents.switchboard, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        open_runner(agents.switchboard, tmp_path) as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         await place(client, "c1")
         caller = await runner.wait_caller("c1")
         turn = await transfer(follower, client, caller, "c1", {"accepted": False, "reason": "nobody is free"})
@@ -651,13 +748,22 @@ async def test_a_transfer_declined(tmp_path: Path) -> None:
 
 
 async def test_a_transfer_unanswered_fails_with_transfer_no_reply(tmp_path: Path) -> None:
-    async with open_runner(agents.switchboard, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        open_runner(agents.switchboard, tmp_path) as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         await place(client, "c1")
         caller = await runner.wait_caller("c1")
         caller.say("Please escalate.")
         ask = await wait_host_record(follower, "c1", "curb.transfer")
-        assert ask["payload"] == {"target": "sip:supervisor@example.com", "reason": "escalation"} and ask["expectsReply"]
-        (turn,) = await follower.wait_for(lambda rs: [t for t in turns(rs, "c1", "assistant") if t["toolCalls"]])
+        assert (
+            ask["payload"] == {"target": "sip:supervisor@example.com", "reason": "escalation"}
+            and ask["expectsReply"]
+        )
+        (turn,) = await follower.wait_for(
+            lambda rs: [t for t in turns(rs, "c1", "assistant") if t["toolCalls"]]
+        )
         # The reply comes after the ask's timeout: an ordinary message nobody handles.
         late = message("t-1", "curb.transfer.answer", {"accepted": True}, inReplyTo=ask["id"])
         refused(await send(client, "c1", late), 422, "no_handler")

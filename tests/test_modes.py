@@ -73,7 +73,9 @@ async def assert_takes_no_calls(runner: RunnerProcess) -> None:
 def replay_journal(journal: Path) -> list[dict[str, Any]]:
     done = subprocess.run(
         [sys.executable, "-m", "runner", "replay", "--journal", str(journal), "--from", "0", "--json"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
@@ -100,7 +102,9 @@ async def test_direct_join_takes_no_calls_but_serves_its_one(tmp_path: Path) -> 
         refused(await client.get("/v1/sessions/j2"), 404, "session_not_found")
         lines = conforming_lines(
             await read_stream(
-                runner, "from=0", until=lambda ls: "curb.started" in [l["body"].get("name") for l in of(ls, "j1")],
+                runner,
+                "from=0",
+                until=lambda ls: "curb.started" in [l["body"].get("name") for l in of(ls, "j1")],
                 timeout=STREAM_TIMEOUT_S,
             )
         )
@@ -125,13 +129,19 @@ async def test_direct_join_exits_0_once_its_call_is_stopped(tmp_path: Path) -> N
     recs = records(lines)
     assert ended_reason(recs, "j1") == "caller_hung_up"
     assert_complete(recs, "j1")
-    assert [(line["body"]["event"], line["body"].get("reason")) for line in recs if line["class"] == "lifecycle"] == [
+    assert [
+        (line["body"]["event"], line["body"].get("reason")) for line in recs if line["class"] == "lifecycle"
+    ] == [
         ("ready", None),
         ("draining", "call_ended"),
         ("ended", "drained: call_ended"),
     ]
     assert recs[-1]["body"]["event"] == "ended"
-    assert lifecycle_events(runner) == [("ready", None), ("draining", "call_ended"), ("ended", "drained: call_ended")]
+    assert lifecycle_events(runner) == [
+        ("ready", None),
+        ("draining", "call_ended"),
+        ("ended", "drained: call_ended"),
+    ]
     draining = next(line["body"] for line in recs if line["body"].get("event") == "draining")
     assert draining["activeSessions"] == 0
     # Last: every line against the schema, the draining record named call_ended included.
@@ -143,8 +153,14 @@ async def test_direct_join_that_cannot_join_exits_1(tmp_path: Path) -> None:
     join = ("--url", "loopback://j?fail=nope", "--token", "t", "--session-id", "j1")
     async with start_runner(journal, *join, command="join") as runner:
         assert await runner.wait_exit() == 1
-        await runner.wait_for(lambda: any(event == "ended" for event, _ in lifecycle_events(runner)), timeout=5)
-    assert lifecycle_events(runner) == [("ready", None), ("draining", "call_ended"), ("ended", "start_failed")]
+        await runner.wait_for(
+            lambda: any(event == "ended" for event, _ in lifecycle_events(runner)), timeout=5
+        )
+    assert lifecycle_events(runner) == [
+        ("ready", None),
+        ("draining", "call_ended"),
+        ("ended", "start_failed"),
+    ]
     assert any("nope" in line for line in runner.stderr), runner.stderr[-10:]
     lines = replay_journal(journal)
     assert_complete(lines, "j1")
@@ -154,15 +170,22 @@ async def test_direct_join_that_cannot_join_exits_1(tmp_path: Path) -> None:
         if line["class"] == "lifecycle" and line["body"]["event"] != "draining":
             conforms("Lifecycle", line["body"])  # draining call_ended: see the test above
         if line["producer"] == "j1":
-            conforms({"curb.started": "CallStartedEvent", "curb.ended": "CallEndedEvent"}.get(
-                line["body"]["name"], "ConversationEventBody"), line["body"])
+            conforms(
+                {"curb.started": "CallStartedEvent", "curb.ended": "CallEndedEvent"}.get(
+                    line["body"]["name"], "ConversationEventBody"
+                ),
+                line["body"],
+            )
     assert lines[-1]["body"] == {"event": "ended", "reason": "start_failed"}
 
 
 async def test_a_501_given_before_the_body_leaves_the_connection_usable(tmp_path: Path) -> None:
     async with start_runner(tmp_path / "j.db", *JOIN, command="join") as runner, runner.client() as client:
         await wait_connected(client, "j1")
-        got = [await answered_before_its_body(runner, "POST", path) for path in ["/v1/sessions", "/v1/sessions/j1/messages"]]
+        got = [
+            await answered_before_its_body(runner, "POST", path)
+            for path in ["/v1/sessions", "/v1/sessions/j1/messages"]
+        ]
     assert got == [(501, 200), (501, 200)]
 
 
@@ -170,14 +193,19 @@ async def test_a_501_given_before_the_body_leaves_the_connection_usable(tmp_path
 
 
 async def test_dev_takes_no_calls_and_runs_its_own(tmp_path: Path) -> None:
-    async with start_runner(tmp_path / "j.db", "--drain-grace-ms", "100", command="dev") as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", "--drain-grace-ms", "100", command="dev") as runner,
+        runner.client() as client,
+    ):
         live = await wait_connected(client, "dev")
         assert live["sessionId"] == "dev"
         await assert_takes_no_calls(runner)
         assert answer(await client.get("/v1/sessions/dev"), 200, "LiveCall")["state"] == "connected"
         async with open_events(runner, "from=0") as events:
             with trio.fail_after(STREAM_TIMEOUT_S):
-                lines = await events.lines(until=lambda ls: any(l.get("body", {}).get("name") == "curb.started" for l in ls))
+                lines = await events.lines(
+                    until=lambda ls: any(l.get("body", {}).get("name") == "curb.started" for l in ls)
+                )
             runner.signal(signal.SIGTERM)
             with trio.fail_after(STREAM_TIMEOUT_S):
                 lines += await events.lines()
@@ -185,4 +213,8 @@ async def test_dev_takes_no_calls_and_runs_its_own(tmp_path: Path) -> None:
     conforming_lines(lines)
     assert_complete(records(lines), "dev")
     assert ended_reason(records(lines), "dev") == "runner_draining"
-    assert lifecycle_events(runner) == [("ready", None), ("draining", "SIGTERM"), ("ended", "drained: SIGTERM")]
+    assert lifecycle_events(runner) == [
+        ("ready", None),
+        ("draining", "SIGTERM"),
+        ("ended", "drained: SIGTERM"),
+    ]

@@ -22,7 +22,10 @@ def _start(session_id: str, **extra: object) -> dict[str, object]:
 
 async def test_restart_then_resume_from_the_last_envelope(tmp_path: Path) -> None:
     journal = tmp_path / "j.db"
-    async with start_runner(journal, "--max-sessions", "4", "--drain-grace-ms", "200") as runner, runner.client() as client:
+    async with (
+        start_runner(journal, "--max-sessions", "4", "--drain-grace-ms", "200") as runner,
+        runner.client() as client,
+    ):
         for i in range(3):
             await client.post("/v1/sessions", json=_start(f"c{i}"))
         seen = await read_stream(runner, "from=0", until=lambda ls: len(ls) >= 4)
@@ -30,12 +33,16 @@ async def test_restart_then_resume_from_the_last_envelope(tmp_path: Path) -> Non
         assert await runner.wait_exit() == 0
     last = seen[-1]["envelope"]
     async with start_runner(journal) as runner:
-        resumed = await read_stream(runner, f"from={last}", until=lambda ls: any(l["body"].get("event") == "ready" for l in ls))
+        resumed = await read_stream(
+            runner, f"from={last}", until=lambda ls: any(l["body"].get("event") == "ready" for l in ls)
+        )
     envelopes = [line["envelope"] for line in resumed]
     assert envelopes == list(range(last + 1, last + 1 + len(envelopes)))
     kinds = [(l["producer"], l["body"].get("event") or l["body"].get("name")) for l in resumed]
     # The calls ended by the drain, the runner's own end, then the new runner's start.
-    assert ("runner", "draining") in kinds and ("runner", "ended") in kinds and kinds[-1] == ("runner", "ready")
+    assert (
+        ("runner", "draining") in kinds and ("runner", "ended") in kinds and kinds[-1] == ("runner", "ready")
+    )
     assert {p for p, name in kinds if name == "curb.ended"} == {"c0", "c1", "c2"}
 
 
@@ -65,7 +72,9 @@ async def test_kill_during_a_burst_loses_nothing_a_reader_saw(tmp_path: Path) ->
         assert await runner.wait_exit() == -signal.SIGKILL
     assert len(seen) >= 150
     async with start_runner(journal, "--max-sessions", "1") as runner:
-        after = await read_stream(runner, "from=0", until=lambda ls: any(l["body"].get("event") == "ready" for l in ls[1:]))
+        after = await read_stream(
+            runner, "from=0", until=lambda ls: any(l["body"].get("event") == "ready" for l in ls[1:])
+        )
     stored = {line["envelope"]: line for line in after}
     for line in seen:
         assert stored[line["envelope"]] == line  # every record a reader was sent is still there, unchanged
@@ -73,7 +82,9 @@ async def test_kill_during_a_burst_loses_nothing_a_reader_saw(tmp_path: Path) ->
     assert envelopes == list(range(1, len(envelopes) + 1))
     # The restart closed every call the kill left open, so no conversation stays truncated.
     started = {l["producer"] for l in after if l["body"].get("name") == "curb.started"}
-    ended = {l["producer"]: l["body"]["payload"]["reason"] for l in after if l["body"].get("name") == "curb.ended"}
+    ended = {
+        l["producer"]: l["body"]["payload"]["reason"] for l in after if l["body"].get("name") == "curb.ended"
+    }
     assert started and set(ended) == started
     assert set(ended.values()) == {"runner_crashed"}
     recovered = [l["body"] for l in after if l["body"].get("event") == "recovered"]
@@ -96,7 +107,10 @@ async def test_sigterm_drains_writes_ended_before_the_listener_closes(tmp_path: 
 
 
 async def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
-    async with start_runner(tmp_path / "j.db", "--drain-grace-ms", "60000") as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", "--drain-grace-ms", "60000") as runner,
+        runner.client() as client,
+    ):
         await client.post("/v1/sessions", json=_start("long-call"))
         runner.signal(signal.SIGINT)
         await runner.wait_for(lambda: any(e["event"] == "draining" for e in runner.lifecycle))
@@ -115,7 +129,10 @@ async def test_a_reader_that_leaves_is_cleaned_up_within_two_heartbeats(tmp_path
 
 async def test_a_stalled_reader_never_slows_appends_and_falls_out_of_the_window(tmp_path: Path) -> None:
     big = {"blob": "x" * 400_000}
-    async with start_runner(tmp_path / "j.db", "--retention", "10", "--max-sessions", "40") as runner, runner.client() as client:
+    async with (
+        start_runner(tmp_path / "j.db", "--retention", "10", "--max-sessions", "40") as runner,
+        runner.client() as client,
+    ):
         async with open_events(runner, "from=0", receive_buffer=4096) as events:
             with trio.fail_after(30):
                 # Each start writes a 400 KB record; the reader reads nothing meanwhile.
@@ -133,7 +150,10 @@ async def test_a_stalled_reader_never_slows_appends_and_falls_out_of_the_window(
 
 async def test_replay_reads_the_journal_file(tmp_path: Path) -> None:
     journal = tmp_path / "j.db"
-    async with start_runner(journal, "--retention", "4", "--max-sessions", "9") as runner, runner.client() as client:
+    async with (
+        start_runner(journal, "--retention", "4", "--max-sessions", "9") as runner,
+        runner.client() as client,
+    ):
         for i in range(5):
             await client.post("/v1/sessions", json=_start(f"c{i}"))
         streamed = await read_stream(runner, "from=0", until=lambda ls: len(ls) >= 4)
@@ -141,7 +161,9 @@ async def test_replay_reads_the_journal_file(tmp_path: Path) -> None:
         def replay(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 [sys.executable, "-m", "runner", "replay", "--journal", str(journal), *args],
-                capture_output=True, text=True, timeout=30,
+                capture_output=True,
+                text=True,
+                timeout=30,
             )
 
         as_json = await trio.to_thread.run_sync(replay, "--from", "0", "--json")

@@ -24,7 +24,18 @@ from runner.transports import ClientRefusal
 from runner.transports.loopback import LoopbackCaller
 
 from . import agents
-from .inprocess import answer, call_start, conforms, ended, events_named, follow, of, open_runner, refused, turns
+from .inprocess import (
+    answer,
+    call_start,
+    conforms,
+    ended,
+    events_named,
+    follow,
+    of,
+    open_runner,
+    refused,
+    turns,
+)
 from .providers.fake_servers import open_fake_server, openai_events, openai_text_chunks, openai_usage
 from .runner_process import RunnerProcess, start_runner
 
@@ -34,9 +45,10 @@ SECRET = "sk-test-secret"
 @asynccontextmanager
 async def tunable(tmp_path: Path) -> AsyncIterator[tuple[RunnerProcess, httpx.AsyncClient]]:
     """``runner serve tests.agents:tunable`` with an OpenAI key in its environment, and a host client."""
-    async with start_runner(tmp_path / "j.db", agent="tests.agents:tunable", env={"OPENAI_API_KEY": SECRET}) as runner:
-        async with runner.client() as client:
-            yield runner, client
+    async with start_runner(
+        tmp_path / "j.db", agent="tests.agents:tunable", env={"OPENAI_API_KEY": SECRET}
+    ) as runner, runner.client() as client:
+        yield runner, client
 
 
 async def place(client: httpx.AsyncClient, session_id: str, url: str = "loopback://x") -> None:
@@ -55,7 +67,9 @@ async def accepted(client: httpx.AsyncClient, session_id: str, update: Any) -> d
 
 
 def issue_paths(body: dict[str, Any]) -> list[list[Any]]:
-    assert body["issues"] and all(isinstance(i["message"], str) and i["message"] for i in body["issues"]), body
+    assert body["issues"] and all(isinstance(i["message"], str) and i["message"] for i in body["issues"]), (
+        body
+    )
     return [issue["path"] for issue in body["issues"]]
 
 
@@ -83,7 +97,9 @@ async def test_not_adjustable_names_the_first_path_and_changes_nothing(tmp_path:
     async with tunable(tmp_path) as (runner, client), follow(runner) as follower:
         await place(client, "c1")
         # The host may change tts.voice but not tts.model: the whole update is refused.
-        body = refused(await patch(client, "c1", {"tts": {"voice": "en+f3", "model": "m"}}), 403, "not_adjustable")
+        body = refused(
+            await patch(client, "c1", {"tts": {"voice": "en+f3", "model": "m"}}), 403, "not_adjustable"
+        )
         assert body["path"] == "tts.model"
         both = {"stt": {"language": "en"}, "tts": {"model": "m", "voice": "x"}}
         body = refused(await patch(client, "c1", both), 403, "not_adjustable")
@@ -122,7 +138,10 @@ async def test_invalid_settings_refuse_the_whole_update_with_issues(tmp_path: Pa
             # pocketsphinx takes no language but English; the valid voice beside it changes nothing.
             ({"tts": {"voice": "en+f3"}, "stt": {"language": "de"}}, [["stt", "language"]]),
             ({"llm": {"provider": "acme", "model": "m1"}}, [["llm", "provider"]]),
-            ({"llm": {"provider": "openai-compatible", "model": "m1", "baseURL": "ftp://example.net/v1"}}, [["llm", "baseURL"]]),
+            (
+                {"llm": {"provider": "openai-compatible", "model": "m1", "baseURL": "ftp://example.net/v1"}},
+                [["llm", "baseURL"]],
+            ),
             ({"tts": {"voice": "en", "speed": 1.5}}, [["tts", "speed"]]),
             ({"vad": {"threshold": 0.5}}, [["vad"]]),
             ({"tts": {"voice": "no-such-voice"}}, [["tts", "voice"]]),
@@ -147,7 +166,9 @@ async def test_a_patch_to_an_unknown_call_or_with_a_malformed_body(tmp_path: Pat
         refused(await patch(client, "nobody", {"tts": {"voice": "en"}}), 404, "session_not_found")
         await place(client, "c1")
         for content in (b"{nope", b'{"llm":{"temperature":NaN}}'):
-            not_json = await client.patch("/v1/sessions/c1", content=content, headers={"content-type": "application/json"})
+            not_json = await client.patch(
+                "/v1/sessions/c1", content=content, headers={"content-type": "application/json"}
+            )
             refused(not_json, 400, "invalid_request")
         refused(await patch(client, "c1", [{"tts": {"voice": "en"}}]), 400, "invalid_request")
 
@@ -189,7 +210,13 @@ async def test_no_api_key_in_any_answer_or_record(tmp_path: Path) -> None:
         await keep(await client.post("/v1/sessions", json=call_start("c1")))
         for body in [
             {"llm": {"provider": "openai", "model": "gpt-4o-mini"}},
-            {"llm": {"provider": "openai-compatible", "model": "m1", "baseURL": "https://llm.example.net/v1"}},
+            {
+                "llm": {
+                    "provider": "openai-compatible",
+                    "model": "m1",
+                    "baseURL": "https://llm.example.net/v1",
+                }
+            },
             {"llm": {"provider": "anthropic", "model": "claude"}},
             {"llm": {"provider": "openai", "model": "gpt-4o-mini"}, "stt": {"language": "de"}},
             {"tts": {"model": "m"}},
@@ -210,16 +237,26 @@ async def test_no_api_key_in_any_answer_or_record(tmp_path: Path) -> None:
 
 
 async def test_a_client_update_is_accepted_only_where_listed_for_the_client(tmp_path: Path) -> None:
-    async with open_runner(agents.tunable, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        open_runner(agents.tunable, tmp_path) as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         await place(client, "c1")
         caller = await runner.wait_caller("c1")
         settings = await update(caller, {"tts": {"voice": "en+f3"}})
         assert settings["tts"]["voice"] == "en+f3"
         # stt.language and llm are the host's to change, not the client's: the first is named.
-        three = {"tts": {"voice": "en"}, "stt": {"language": "en"}, "llm": {"provider": "openai", "model": "m"}}
+        three = {
+            "tts": {"voice": "en"},
+            "stt": {"language": "en"},
+            "llm": {"provider": "openai", "model": "m"},
+        }
         refusal = await update_refused(caller, three)
         assert (refusal.code, refusal.data) == ("not_adjustable", {"path": "stt.language"})
-        refusal = await update_refused(caller, {"llm": {"provider": "openai", "model": "m"}, "stt": {"language": "en"}})
+        refusal = await update_refused(
+            caller, {"llm": {"provider": "openai", "model": "m"}, "stt": {"language": "en"}}
+        )
         assert (refusal.code, refusal.data) == ("not_adjustable", {"path": "llm"})
         refusal = await update_refused(caller, {"tts": {"voice": "no-such-voice"}})
         assert refusal.code == "invalid_settings" and refusal.data is not None
@@ -274,7 +311,9 @@ async def test_a_voice_override_outlives_a_skill_switch(tmp_path: Path) -> None:
     async with open_runner(agents.skilled, tmp_path) as runner, runner.client() as client:
         await place(client, "c1")
         assert (await accepted(client, "c1", {"tts": {"voice": "en+f3"}}))["tts"]["voice"] == "en+f3"
-        response = await client.post("/v1/sessions/c1/messages", json={"id": "m-1", "name": "formal", "payload": {}})
+        response = await client.post(
+            "/v1/sessions/c1/messages", json={"id": "m-1", "name": "formal", "payload": {}}
+        )
         assert answer(response, 202, "HostMessageAccepted")["delivered"] is True
         # The skill's own voice (en-us) would apply now, but the outside change stays on top.
         assert (await accepted(client, "c1", {}))["tts"]["voice"] == "en+f3"
@@ -282,7 +321,11 @@ async def test_a_voice_override_outlives_a_skill_switch(tmp_path: Path) -> None:
 
 async def test_an_accepted_llm_change_never_fails_the_call(tmp_path: Path) -> None:
     seed_example = {"provider": "kugelaudio", "model": "qwen3.8-27b"}
-    async with open_runner(agents.tunable, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        open_runner(agents.tunable, tmp_path) as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         await place(client, "c1")
         caller = await runner.wait_caller("c1")
         response = await patch(client, "c1", {"llm": seed_example})
@@ -367,7 +410,13 @@ class GatedChat:
                 break
         self.models.append(json.loads(body)["model"])
         reply = self._replies.pop(0)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
         texts = [piece for piece in reply if isinstance(piece, str)]
         events = iter(openai_events(openai_text_chunks(texts, usage=openai_usage(10, len(texts)))))
         await send({"type": "http.response.body", "body": next(events), "more_body": True})  # the role chunk
@@ -389,12 +438,19 @@ async def test_a_new_voice_is_heard_from_the_next_reply_not_the_current_one(tmp_
     )
     async with open_fake_server(chat) as root:
         agent = agents.speaker(f"{root}/v1")
-        async with open_runner(agent, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+        async with (
+            open_runner(agent, tmp_path) as runner,
+            runner.client() as client,
+            follow(runner) as follower,
+        ):
             await place(client, "c1")
             caller = await runner.wait_caller("c1")
             caller.say("Tell me something.")
             before = await receive_audio(caller, 1.0, RATE)  # the first sentence is being spoken
-            change = {"tts": {"voice": "en+f3"}, "llm": {"provider": "openai-compatible", "model": "second-model"}}
+            change = {
+                "tts": {"voice": "en+f3"},
+                "llm": {"provider": "openai-compatible", "model": "second-model"},
+            }
             settings = await accepted(client, "c1", change)
             assert settings["tts"]["voice"] == "en+f3" and settings["llm"]["model"] == "second-model"
             gate.set()
@@ -412,18 +468,28 @@ async def test_a_new_voice_is_heard_from_the_next_reply_not_the_current_one(tmp_
     first, second = turns(follower.records, "c1", "assistant")
     assert first["text"] == "This is the first sentence of my reply. And this is the second sentence of it."
     assert first["interrupted"] is False and second["text"] == "Now I speak in the voice you chose for me."
-    kinds = [r["body"].get("name") or r["body"].get("role") for r in of(follower.records, "c1") if r["class"] == "conversation"]
+    kinds = [
+        r["body"].get("name") or r["body"].get("role")
+        for r in of(follower.records, "c1")
+        if r["class"] == "conversation"
+    ]
     # The change is journaled while the first reply is still running.
     assert kinds.index("curb.settings") < kinds.index("assistant")
 
 
 async def test_a_change_to_a_starting_call_is_applied_once_it_connects(tmp_path: Path) -> None:
-    async with open_runner(agents.tunable_greeter, tmp_path) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        open_runner(agents.tunable_greeter, tmp_path) as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         placed: list[httpx.Response] = []
         async with trio.open_nursery() as nursery:
 
             async def start_slow_call() -> None:
-                placed.append(await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1500")))
+                placed.append(
+                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1500"))
+                )
 
             nursery.start_soon(start_slow_call)
             with trio.fail_after(5):

@@ -67,7 +67,9 @@ def test_invalid_fixtures_are_refused(path: Path) -> None:
     assert refused.value.issues
 
 
-@pytest.mark.parametrize("path", [p for p in VALID if _type_of(p) in TYPES and _type_of(p) not in HELPER_DEFS], ids=_fixture_id)
+@pytest.mark.parametrize(
+    "path", [p for p in VALID if _type_of(p) in TYPES and _type_of(p) not in HELPER_DEFS], ids=_fixture_id
+)
 def test_encoding_round_trips_and_stays_valid(path: Path) -> None:
     cls = TYPES[_type_of(path)]
     decoded = wire.decode(cls, json.loads(path.read_text(encoding="utf-8")))  # type: ignore[arg-type]

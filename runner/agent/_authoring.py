@@ -110,7 +110,9 @@ def make_tool(
     try:
         hints = typing.get_type_hints(fn)
     except (NameError, TypeError) as exc:
-        raise AuthoringError(f"tool {tool_name!r}: {_unresolved(fn)}cannot resolve its annotations: {exc}") from None
+        raise AuthoringError(
+            f"tool {tool_name!r}: {_unresolved(fn)}cannot resolve its annotations: {exc}"
+        ) from None
     params = list(inspect.signature(fn).parameters.values())
     if not params:
         raise AuthoringError(f"tool {tool_name!r} must take the call context as its first parameter")
@@ -182,7 +184,7 @@ def _unresolved(fn: Callable[..., Any]) -> str:
     for name, annotation in getattr(fn, "__annotations__", {}).items():
         if isinstance(annotation, str):
             try:
-                eval(annotation, getattr(fn, "__globals__", {}))  # noqa: S307 - the agent's own annotation
+                eval(annotation, getattr(fn, "__globals__", {}))
             except Exception:
                 return f"parameter {name!r}: "
     return ""
@@ -200,7 +202,9 @@ class MessageHandler:
 
 def check_key(key: object) -> str:
     if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_CHARS:
-        raise AuthoringError(f"a message key must be a string of 1 to {MAX_KEY_CHARS} characters, got {key!r}")
+        raise AuthoringError(
+            f"a message key must be a string of 1 to {MAX_KEY_CHARS} characters, got {key!r}"
+        )
     return key
 
 
@@ -384,7 +388,9 @@ class Agent(_Parts):
         self.experiments = {k: dict(v) for k, v in (experiments or {}).items()}
         for experiment, weights in self.experiments.items():
             if not weights or any(not isinstance(w, int) or w < 0 for w in weights.values()):
-                raise AuthoringError(f"experiment {experiment!r} needs variants with non-negative integer weights")
+                raise AuthoringError(
+                    f"experiment {experiment!r} needs variants with non-negative integer weights"
+                )
             if sum(weights.values()) <= 0:
                 raise AuthoringError(f"experiment {experiment!r} needs a positive total weight")
         self.from_client = dict(from_client or {})
@@ -425,7 +431,12 @@ class Agent(_Parts):
         if schema.get("type") != "object":
             raise AuthoringError(f"app tool {name!r}: parameters must be a JSON Schema of type object")
         tool = AppTool(
-            name=name, description=description, parameters=schema, action_only=action_only, timeout_ms=timeout_ms, when=when
+            name=name,
+            description=description,
+            parameters=schema,
+            action_only=action_only,
+            timeout_ms=timeout_ms,
+            when=when,
         )
         self.app_tools.append(tool)
         return tool
@@ -435,9 +446,7 @@ class Agent(_Parts):
         self.skills.append(skill)
         return skill
 
-    def on_message(
-        self, key: str, *, sender: Sender = "client", schema: Any = None
-    ) -> Callable[[F], F]:
+    def on_message(self, key: str, *, sender: Sender = "client", schema: Any = None) -> Callable[[F], F]:
         """Decorator: handle messages with ``key`` from ``sender`` (``client`` or ``host``).
 
         The handler is ``fn(ctx, payload)``, sync or async. With ``schema`` (an attrs

@@ -121,7 +121,9 @@ class Context:
         """The settings the call runs with now, host and client changes included."""
         return self._link.settings()
 
-    async def ask_host(self, key: str, payload: Mapping[str, Any] | None = None, *, timeout: float = 10.0) -> Any:
+    async def ask_host(
+        self, key: str, payload: Mapping[str, Any] | None = None, *, timeout: float = 10.0
+    ) -> Any:
         """Ask the host and wait for its answer (the payload of its ``inReplyTo`` message).
 
         Raises:

@@ -20,7 +20,15 @@ import trio
 from ..calls import CallContext, CallRecord, keep_json
 from ..errors import HandlerFailed, InvalidPayload, InvalidRequest, NoHandler, NotAdjustable, RunnerError
 from ..providers import ChatMessage, ProviderError, ToolCall, ToolSpec, make_llm, make_stt, make_tts
-from ..transports import AudioFrame, ClientRefusal, ParticipantJoined, ParticipantLeft, TransportEvent, TransportSession, UserText
+from ..transports import (
+    AudioFrame,
+    ClientRefusal,
+    ParticipantJoined,
+    ParticipantLeft,
+    TransportEvent,
+    TransportSession,
+    UserText,
+)
 from ..voice.engine import (
     AudioData,
     AudioStart,
@@ -82,7 +90,9 @@ class PendingConfirmation:
         return ToolCall(id=self.call_id, name=self.name, arguments=self.arguments)
 
 
-def choose_experiments(agent: Agent, session_id: str, client: Mapping[str, str], sent: Mapping[str, str] | None) -> dict[str, str]:
+def choose_experiments(
+    agent: Agent, session_id: str, client: Mapping[str, str], sent: Mapping[str, str] | None
+) -> dict[str, str]:
     """The call's variants: each one the host sent, as sent; the others by the seed's rule."""
     chosen = {
         name: assign_variant(session_id, name, weights, client, agent.from_client.get(name))
@@ -100,7 +110,9 @@ class _Providers:
 
     def llm(self, spec: LLM) -> Any:
         if spec not in self.built:
-            self.built[spec] = make_llm(spec.provider, spec.model, base_url=spec.base_url, api_key_env=spec.api_key_env)
+            self.built[spec] = make_llm(
+                spec.provider, spec.model, base_url=spec.base_url, api_key_env=spec.api_key_env
+            )
         return self.built[spec]
 
     def tts(self, spec: TTS | None) -> Any:
@@ -171,7 +183,9 @@ class AgentRuntime:
         host_connected: A host reads this call's record (managed, direct-join, dev).
     """
 
-    def __init__(self, agent: Agent, call: CallContext, record: CallRecord | None, *, host_connected: bool) -> None:
+    def __init__(
+        self, agent: Agent, call: CallContext, record: CallRecord | None, *, host_connected: bool
+    ) -> None:
         self.agent = agent
         self.call = call
         self.record = record
@@ -245,13 +259,26 @@ class AgentRuntime:
                 author_llm=self.offer().llm,
             )
         except RunnerError as refusal:
-            await self._event("curb.settings", {"origin": origin, "update": keep_json(update)[0], "outcome": refusal.code, **_refusal_details(refusal)})
+            await self._event(
+                "curb.settings",
+                {
+                    "origin": origin,
+                    "update": keep_json(update)[0],
+                    "outcome": refusal.code,
+                    **_refusal_details(refusal),
+                },
+            )
             raise
         self._overrides = merge(self._overrides, changes)
         settings = self.settings()
         await self._event(
             "curb.settings",
-            {"origin": origin, "update": keep_json(update)[0], "outcome": "accepted", "settings": encode(settings)},
+            {
+                "origin": origin,
+                "update": keep_json(update)[0],
+                "outcome": "accepted",
+                "settings": encode(settings),
+            },
         )
         return settings
 
@@ -421,7 +448,11 @@ class AgentRuntime:
             return True
         current = self._turn.id if self._turn is not None else None
         for call_id, pending in list(self._pending.items()):
-            if pending.turn != current and pending.name == call.name and pending.arguments == dict(call.arguments):
+            if (
+                pending.turn != current
+                and pending.name == call.name
+                and pending.arguments == dict(call.arguments)
+            ):
                 del self._pending[call_id]
                 return True
         return False
@@ -436,8 +467,15 @@ class AgentRuntime:
             expires_at=trio.current_time() + CONFIRM_FOR_S,
         )
         self._pending[call.id] = pending
-        await self._emit(ToolConfirmRequested(turn=self._turn.id, call_id=call.id, name=call.name, arguments=pending.arguments))
-        return ToolOutcome(ok=False, error="not run yet: it waits for the person's confirmation; ask them whether to go ahead")
+        await self._emit(
+            ToolConfirmRequested(
+                turn=self._turn.id, call_id=call.id, name=call.name, arguments=pending.arguments
+            )
+        )
+        return ToolOutcome(
+            ok=False,
+            error="not run yet: it waits for the person's confirmation; ask them whether to go ahead",
+        )
 
     async def take_turn(
         self,
@@ -492,14 +530,23 @@ class AgentRuntime:
 
             async def heard_and_kept() -> tuple[str, float]:
                 words, seconds = await spoken()
-                await self._write("conversation", {"type": "turn", "turn": turn.id, "role": "user", "text": words, "spoken": True})
+                await self._write(
+                    "conversation",
+                    {"type": "turn", "turn": turn.id, "role": "user", "text": words, "spoken": True},
+                )
                 return words, seconds
 
         try:
             if text is not None:
                 await self._write(
                     "conversation",
-                    {"type": "turn", "turn": turn.id, "role": "user", "text": text, "spoken": heard_seconds is not None},
+                    {
+                        "type": "turn",
+                        "turn": turn.id,
+                        "role": "user",
+                        "text": text,
+                        "spoken": heard_seconds is not None,
+                    },
                 )
             return await turn.run(
                 text,
@@ -532,7 +579,12 @@ class AgentRuntime:
             "interrupted": result.interrupted,
             "toolCalls": [_tool_call_record(c) for c in result.tool_calls],
             "usage": [
-                {"model": u.model, "inputTokens": u.input_tokens, "outputTokens": u.output_tokens, "cachedTokens": u.cached_tokens}
+                {
+                    "model": u.model,
+                    "inputTokens": u.input_tokens,
+                    "outputTokens": u.output_tokens,
+                    "cachedTokens": u.cached_tokens,
+                }
                 for u in result.usage
             ],
             "timings": {
@@ -684,7 +736,9 @@ class AgentRuntime:
         if issues:
             await self._event("curb.message", {**event, "outcome": "invalid_payload"})
             summary = "; ".join(f"{'.'.join(map(str, i.path)) or '(payload)'}: {i.message}" for i in issues)
-            raise InvalidPayload(f"invalid_payload: the payload of {key!r} does not match its schema: {summary}", issues=issues)
+            raise InvalidPayload(
+                f"invalid_payload: the payload of {key!r} does not match its schema: {summary}", issues=issues
+            )
         reply: Any = None
         failures: list[str] = []
         for handler, value in zip(handlers, decoded, strict=True):
@@ -712,7 +766,14 @@ class AgentRuntime:
                 waiter.send_nowait(message.payload)
                 await self._event(
                     "curb.message",
-                    {"from": "host", "key": message.name, "id": message.id, "inReplyTo": message.in_reply_to, "payload": keep_json(message.payload)[0], "outcome": "reply"},
+                    {
+                        "from": "host",
+                        "key": message.name,
+                        "id": message.id,
+                        "inReplyTo": message.in_reply_to,
+                        "payload": keep_json(message.payload)[0],
+                        "outcome": "reply",
+                    },
                 )
                 return
         await self.deliver("host", message.name, message.payload, message_id=message.id)
@@ -739,7 +800,9 @@ class AgentRuntime:
             if method == "curb.message":
                 if not isinstance(body, dict) or not isinstance(body.get("key"), str):
                     raise InvalidRequest("curb.message takes {key, id, payload}")
-                reply = await self.deliver("client", body["key"], body.get("payload"), message_id=body.get("id"))
+                reply = await self.deliver(
+                    "client", body["key"], body.get("payload"), message_id=body.get("id")
+                )
                 return json.dumps({"reply": reply}, separators=(",", ":"))
         except RunnerError as refusal:
             raise ClientRefusal(refusal.code, _refusal_details(refusal)) from None
@@ -757,7 +820,11 @@ class AgentRuntime:
         session = self.session
         reachable = session.client_reachable() if session is not None else "no_app"
         if session is None or reachable != "ok":
-            reason = "the call is a phone call (no data channel)" if reachable == "phone" else "no app is in the room"
+            reason = (
+                "the call is a phone call (no data channel)"
+                if reachable == "phone"
+                else "no app is in the room"
+            )
             self._warn_once(key, reason)
             self.undelivered_to_client[key] = self.undelivered_to_client.get(key, 0) + 1
             return
@@ -775,7 +842,13 @@ class AgentRuntime:
             self._warn_once(key, "no host is connected")
             return
         self._host_count += 1
-        record = {"type": "host", "id": f"h-{self._host_count}", "name": key, **_kept(payload), "expectsReply": False}
+        record = {
+            "type": "host",
+            "id": f"h-{self._host_count}",
+            "name": key,
+            **_kept(payload),
+            "expectsReply": False,
+        }
 
         async def send() -> None:
             await self._write("host", record)
@@ -791,7 +864,9 @@ class AgentRuntime:
         send, receive = trio.open_memory_channel[Any](1)
         self._asks[ask_id] = send
         try:
-            await self._write("host", {"type": "host", "id": ask_id, "name": key, **_kept(payload), "expectsReply": True})
+            await self._write(
+                "host", {"type": "host", "id": ask_id, "name": key, **_kept(payload), "expectsReply": True}
+            )
             with trio.move_on_after(timeout_s):
                 try:
                     return await receive.receive()
@@ -860,7 +935,9 @@ def _refusal_details(refusal: RunnerError) -> dict[str, Any]:
     return details
 
 
-def conversation_factory(agent: Agent, *, host_connected: bool) -> Callable[[CallContext, CallRecord], AgentRuntime]:
+def conversation_factory(
+    agent: Agent, *, host_connected: bool
+) -> Callable[[CallContext, CallRecord], AgentRuntime]:
     """The runner's way to make this agent's side of each call.
 
     Args:

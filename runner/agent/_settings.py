@@ -78,8 +78,6 @@ def check_adjustable(adjustable: dict[str, list[str]] | None) -> dict[Origin, tu
             raise AuthoringError(f"adjustable[{origin!r}] must be a list of paths, not a string")
         for path in paths:
             if path not in ADJUSTABLE_PATHS:
-                raise AuthoringError(
-                    f"adjustable path {path!r} is not one of {', '.join(ADJUSTABLE_PATHS)}"
-                )
+                raise AuthoringError(f"adjustable path {path!r} is not one of {', '.join(ADJUSTABLE_PATHS)}")
         result[origin] = tuple(paths)  # type: ignore[index]
     return result

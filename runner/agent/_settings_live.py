@@ -30,8 +30,24 @@ _LLM_PROVIDERS = ("kugelaudio", "anthropic", "openai", "openai-compatible", "loc
 _UPDATE_LLM_PROVIDERS = ("kugelaudio", "anthropic", "openai", "openai-compatible")
 # The protocol names kugelaudio; this runner builds only these.
 _BUILDABLE_LLM_PROVIDERS = ("anthropic", "openai", "openai-compatible")
-_SHAPE: dict[str, tuple[str, ...]] = {"tts": ("voice", "model"), "stt": ("language",), "llm": ("provider", "model", "baseURL")}
-_OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
+_SHAPE: dict[str, tuple[str, ...]] = {
+    "tts": ("voice", "model"),
+    "stt": ("language",),
+    "llm": ("provider", "model", "baseURL"),
+}
+_OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -176,13 +192,21 @@ def check_update(
         choice = raw["llm"]
         provider, model, base_url = choice.get("provider"), choice.get("model"), choice.get("baseURL")
         if provider not in _UPDATE_LLM_PROVIDERS:
-            issues.append(Issue(path=["llm", "provider"], message=f"must be one of {', '.join(_UPDATE_LLM_PROVIDERS)}"))
+            issues.append(
+                Issue(path=["llm", "provider"], message=f"must be one of {', '.join(_UPDATE_LLM_PROVIDERS)}")
+            )
         elif provider not in _BUILDABLE_LLM_PROVIDERS:
-            issues.append(Issue(path=["llm", "provider"], message=f"this runner has no {provider} model provider"))
+            issues.append(
+                Issue(path=["llm", "provider"], message=f"this runner has no {provider} model provider")
+            )
         if not isinstance(model, str) or not model:
             issues.append(Issue(path=["llm", "model"], message="must be a non-empty string"))
         if base_url is not None:
-            if not isinstance(base_url, str) or urlsplit(base_url).scheme not in ("http", "https") or not urlsplit(base_url).netloc:
+            if (
+                not isinstance(base_url, str)
+                or urlsplit(base_url).scheme not in ("http", "https")
+                or not urlsplit(base_url).netloc
+            ):
                 issues.append(Issue(path=["llm", "baseURL"], message="must be an http(s) URL"))
             elif origin == "client" and not (
                 author_llm.provider == "openai-compatible" and author_llm.base_url == base_url
@@ -195,7 +219,9 @@ def check_update(
             if author_llm.provider == "openai-compatible":
                 base_url = author_llm.base_url
             else:
-                issues.append(Issue(path=["llm", "baseURL"], message="an openai-compatible model needs a baseURL"))
+                issues.append(
+                    Issue(path=["llm", "baseURL"], message="an openai-compatible model needs a baseURL")
+                )
         if not issues:
             api_key_env = author_llm.api_key_env if base_url == author_llm.base_url else None
             changes["llm"] = LLM(provider=provider, model=model, base_url=base_url, api_key_env=api_key_env)

@@ -30,7 +30,9 @@ class TransferOutcome:
     reason: str | None = None
 
 
-async def transfer_call(ctx: Context, target: str, *, reason: str | None = None, timeout: float = 10.0) -> TransferOutcome:
+async def transfer_call(
+    ctx: Context, target: str, *, reason: str | None = None, timeout: float = 10.0
+) -> TransferOutcome:
     """Ask the host to transfer this call to ``target``.
 
     No answer in time (and any runner with no host-to-agent path) gives ``failed`` with
@@ -67,7 +69,9 @@ def transfer_call_tool(
         if result.outcome == "transferred":
             return f"Transferring the caller to {department} now."
         if result.outcome == "declined":
-            return f"The transfer to {department} was declined{': ' + result.reason if result.reason else ''}."
+            return (
+                f"The transfer to {department} was declined{': ' + result.reason if result.reason else ''}."
+            )
         return f"The transfer to {department} failed ({result.code})."
 
     tool = make_tool(

@@ -34,7 +34,9 @@ async def read_json() -> Any:
     try:
         return parse_json(await request.get_data())
     except ValueError:
-        raise InvalidRequest("the body must be JSON", issues=[Issue(path=[], message="is not JSON")]) from None
+        raise InvalidRequest(
+            "the body must be JSON", issues=[Issue(path=[], message="is not JSON")]
+        ) from None
 
 
 async def read_body(cls: type[T]) -> T:

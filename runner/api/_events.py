@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import logging
+from collections.abc import AsyncIterator
 
 import trio
 

@@ -15,8 +15,8 @@ from quart_trio import QuartTrio
 
 from .. import ino_wire as w
 from ..errors import InvalidRequest, NotFound, Unauthorized
-from ..wire import parse_json
 from ..transports.websocket import AgentSocketService
+from ..wire import parse_json
 from ._common import install_error_handlers
 
 
@@ -95,7 +95,10 @@ def create_public_app(service: AgentSocketService) -> QuartTrio:
             raise InvalidRequest(str(exc)) from None
         row = minted.row
         return _json(
-            w.EphemeralKey(token=minted.token, end_user_id=row.end_user_id, expires_at=w.rfc3339(row.expires_at)), 201
+            w.EphemeralKey(
+                token=minted.token, end_user_id=row.end_user_id, expires_at=w.rfc3339(row.expires_at)
+            ),
+            201,
         )
 
     @app.post("/v1/ephemeral-keys/<token_id>/revoke")
@@ -130,7 +133,11 @@ def create_public_app(service: AgentSocketService) -> QuartTrio:
                 session_id=session_id,
                 messages=[
                     w.TranscriptMessage(
-                        position=m.position, role=m.role, text=m.content, turn=m.turn_id, created_at=w.rfc3339(m.created_at)
+                        position=m.position,
+                        role=m.role,
+                        text=m.content,
+                        turn=m.turn_id,
+                        created_at=w.rfc3339(m.created_at),
                     )
                     for m in stored
                     if m.role in ("user", "assistant") and m.content

@@ -88,9 +88,7 @@ def make_llm(
     if provider == "openai-compatible":
         if not base_url:
             raise ValueError("provider 'openai-compatible' needs a base_url")
-        return OpenAILLM(
-            model, base_url=base_url, provider="openai-compatible", api_key_env=api_key_env
-        )
+        return OpenAILLM(model, base_url=base_url, provider="openai-compatible", api_key_env=api_key_env)
     if provider == "anthropic":
         return AnthropicLLM(
             model,
@@ -99,9 +97,7 @@ def make_llm(
         )
     if provider == "local":
         return LocalLLM(model)
-    raise ValueError(
-        f"unknown LLM provider {provider!r}; expected one of {', '.join(LLM_PROVIDERS)}"
-    )
+    raise ValueError(f"unknown LLM provider {provider!r}; expected one of {', '.join(LLM_PROVIDERS)}")
 
 
 def make_tts(provider: str, *, voice: str | int | None = None, model: str | None = None) -> TTS:
@@ -133,13 +129,9 @@ def make_tts(provider: str, *, voice: str | int | None = None, model: str | None
         return OpenAITTS(model or "gpt-4o-mini-tts", voice=voice or "alloy")
     if provider == "kugelaudio":
         if voice is None:
-            raise ProviderError(
-                "invalid_settings", "KugelAudio needs a numeric voice id (see list_voices)"
-            )
+            raise ProviderError("invalid_settings", "KugelAudio needs a numeric voice id (see list_voices)")
         return KugelAudioTTS(voice, model=model)
-    raise ValueError(
-        f"unknown TTS provider {provider!r}; expected one of {', '.join(TTS_PROVIDERS)}"
-    )
+    raise ValueError(f"unknown TTS provider {provider!r}; expected one of {', '.join(TTS_PROVIDERS)}")
 
 
 def make_stt(provider: str, *, language: str | None = None) -> STT:
@@ -168,6 +160,4 @@ def make_stt(provider: str, *, language: str | None = None) -> STT:
         return OpenAISTT(language=language.split("-")[0].lower() if language else None)
     if provider == "azure":
         return AzureSTT(language or "en-US")
-    raise ValueError(
-        f"unknown STT provider {provider!r}; expected one of {', '.join(STT_PROVIDERS)}"
-    )
+    raise ValueError(f"unknown STT provider {provider!r}; expected one of {', '.join(STT_PROVIDERS)}")

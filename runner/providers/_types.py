@@ -43,9 +43,7 @@ class ToolSpec:
 
     name: str
     description: str
-    parameters: Mapping[str, Any] = attrs.field(
-        factory=lambda: {"type": "object", "properties": {}}
-    )
+    parameters: Mapping[str, Any] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
 
 
 @attrs.frozen(kw_only=True)

@@ -212,11 +212,7 @@ class _MessageStream:
             return
         if any(k in raw for k in ("input_tokens", "cache_read_input_tokens")):
             cached = _int(raw.get("cache_read_input_tokens"))
-            total = (
-                _int(raw.get("input_tokens"))
-                + cached
-                + _int(raw.get("cache_creation_input_tokens"))
-            )
+            total = _int(raw.get("input_tokens")) + cached + _int(raw.get("cache_creation_input_tokens"))
             if total:
                 self.input_tokens = total
                 self.cached_tokens = cached
@@ -231,9 +227,7 @@ class _MessageStream:
         if code == "unauthorized":
             return ProviderError(code, f"{_SERVICE} refused the credentials ({kind})")
         message = _redact(message, self.secret)[:_MAX_ERROR_MESSAGE_CHARS]
-        return ProviderError(
-            code, f"{_SERVICE} failed mid-stream ({kind}): {message}", retryable=retryable
-        )
+        return ProviderError(code, f"{_SERVICE} failed mid-stream ({kind}): {message}", retryable=retryable)
 
 
 class AnthropicLLM:
@@ -304,8 +298,7 @@ class AnthropicLLM:
         thinking = thoughts and not (messages and messages[-1].role == "tool")
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": self.max_tokens
-            + (self.thinking_budget_tokens if thinking else 0),
+            "max_tokens": self.max_tokens + (self.thinking_budget_tokens if thinking else 0),
             "messages": turns,
             "stream": True,
         }

@@ -100,8 +100,7 @@ class AzureSTT:
         if locale is None:
             raise ProviderError(
                 "invalid_settings",
-                f"Azure Speech needs a recognition locale such as 'en-US' or 'de-DE', "
-                f"got {language!r}",
+                f"Azure Speech needs a recognition locale such as 'en-US' or 'de-DE', got {language!r}",
             )
         self.language: str | None = locale
         if base_url is None:
@@ -113,9 +112,7 @@ class AzureSTT:
                 )
             region = region.strip().lower()
             if not _REGION.match(region):
-                raise ProviderError(
-                    "invalid_settings", f"Azure Speech region is malformed: {region!r}"
-                )
+                raise ProviderError("invalid_settings", f"Azure Speech region is malformed: {region!r}")
             base_url = f"https://{region}.stt.speech.microsoft.com"
         self.region = region
         self.base_url = base_url.rstrip("/")
@@ -173,9 +170,7 @@ class AzureSTT:
             finally:
                 await response.aclose()
         if response.status_code >= 400:
-            raise _status_error(
-                _SERVICE, response.status_code, response.headers, body, self._api_key
-            )
+            raise _status_error(_SERVICE, response.status_code, response.headers, body, self._api_key)
         return Transcript(text=_recognized_text(body), audio_seconds=audio_seconds)
 
 
@@ -190,7 +185,5 @@ def _recognized_text(body: bytes) -> str:
     if status in _SILENT_STATUSES:
         return ""
     if status == "Error":
-        raise ProviderError(
-            "provider_failed", f"{_SERVICE} failed to recognise the audio", retryable=True
-        )
+        raise ProviderError("provider_failed", f"{_SERVICE} failed to recognise the audio", retryable=True)
     raise ProviderError("provider_failed", f"{_SERVICE} sent recognition status {status!r}")

@@ -79,9 +79,7 @@ class _EspeakStruct(ctypes.Structure):
     ]
 
 
-_SynthCallback = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
-)
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
 
 def _read_languages(address: int | None) -> tuple[tuple[int, str], ...]:
@@ -179,9 +177,7 @@ class _Engine:
             self.lib.espeak_SetParameter(_PARAM_RATE, rate_wpm, 0)
             self._sink = chunks
             try:
-                err = self.lib.espeak_Synth(
-                    data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
-                )
+                err = self.lib.espeak_Synth(data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
             finally:
                 self._sink = None
         if err != _EE_OK:
@@ -229,18 +225,12 @@ def _resolve(voice: str) -> str:
         if ranked:
             found = ranked[0][2]
     if found is None:
-        raise UnsupportedVoice(
-            f"espeak has no voice {base!r}; see EspeakTTS.list_voices() for the names"
-        )
+        raise UnsupportedVoice(f"espeak has no voice {base!r}; see EspeakTTS.list_voices() for the names")
     if not plus:
         return found
     vkey = variant.strip().lower()
     var = next(
-        (
-            v.short_name
-            for v, _ in engine.variants
-            if vkey and vkey in (v.short_name.lower(), v.name.lower())
-        ),
+        (v.short_name for v, _ in engine.variants if vkey and vkey in (v.short_name.lower(), v.name.lower())),
         None,
     )
     if var is None:
@@ -281,9 +271,7 @@ class EspeakTTS:
         if not isinstance(voice, str):
             raise UnsupportedVoice(f"espeak voices are named by strings, got {voice!r}")
         if not _MIN_RATE_WPM <= rate_wpm <= _MAX_RATE_WPM:
-            raise ValueError(
-                f"rate_wpm must be within {_MIN_RATE_WPM}..{_MAX_RATE_WPM}, got {rate_wpm}"
-            )
+            raise ValueError(f"rate_wpm must be within {_MIN_RATE_WPM}..{_MAX_RATE_WPM}, got {rate_wpm}")
         self.voice: str | int | None = voice
         self.rate_wpm = rate_wpm
         self._spec = _resolve(voice)
@@ -321,8 +309,6 @@ class EspeakTTS:
         """
         engine = _engine()
         for sentence in _sentences(text):
-            chunks = await trio.to_thread.run_sync(
-                engine.synthesize, self._spec, self.rate_wpm, sentence
-            )
+            chunks = await trio.to_thread.run_sync(engine.synthesize, self._spec, self.rate_wpm, sentence)
             for chunk in chunks:
                 yield chunk

@@ -99,9 +99,7 @@ def _voice_id(voice: Any) -> int:
         return voice
     if isinstance(voice, str) and voice.strip().isdigit() and voice.strip().isascii():
         return int(voice.strip())
-    raise ProviderError(
-        "invalid_settings", f"KugelAudio voices are numeric ids (e.g. 123), got {voice!r}"
-    )
+    raise ProviderError("invalid_settings", f"KugelAudio voices are numeric ids (e.g. 123), got {voice!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -155,9 +153,7 @@ class KugelAudioTTS:
     ) -> None:
         self.voice: str | int | None = _voice_id(voice)
         if sample_rate_hz <= 0:
-            raise ProviderError(
-                "invalid_settings", f"sample_rate_hz must be positive, got {sample_rate_hz}"
-            )
+            raise ProviderError("invalid_settings", f"sample_rate_hz must be positive, got {sample_rate_hz}")
         self.model = model or KUGELAUDIO_DEFAULT_MODEL
         self.sample_rate_hz = sample_rate_hz
         self.language = language
@@ -177,10 +173,7 @@ class KugelAudioTTS:
             )
 
     def __repr__(self) -> str:
-        return (
-            f"KugelAudioTTS(voice={self.voice!r}, model={self.model!r}, "
-            f"base_url={self.base_url!r})"
-        )
+        return f"KugelAudioTTS(voice={self.voice!r}, model={self.model!r}, base_url={self.base_url!r})"
 
     def _require_key(self) -> str:
         if not self._api_key:
@@ -321,9 +314,7 @@ class KugelAudioTTS:
                 if chunk:
                     yield chunk
             else:
-                raise ProviderError(
-                    "provider_failed", f"KugelAudio stream exceeded {_MAX_FRAMES} frames"
-                )
+                raise ProviderError("provider_failed", f"KugelAudio stream exceeded {_MAX_FRAMES} frames")
             if resampler is not None:
                 tail = resampler.flush()
                 if tail:
@@ -357,9 +348,7 @@ def _frame_error(frame: Mapping[str, Any], secret: str) -> ProviderError:
     retryable = error_code in ("MODEL_UNAVAILABLE", "INTERNAL_ERROR") or (
         status is not None and status >= 500
     )
-    return ProviderError(
-        "provider_failed", f"KugelAudio failed{label}: {message}", retryable=retryable
-    )
+    return ProviderError("provider_failed", f"KugelAudio failed{label}: {message}", retryable=retryable)
 
 
 def _close_error(code: int | None, reason: str, secret: str) -> ProviderError:
@@ -502,9 +491,7 @@ class _WebSocket:
         try:
             await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            raise ProviderError(
-                "provider_failed", "KugelAudio cut the connection", retryable=True
-            ) from None
+            raise ProviderError("provider_failed", "KugelAudio cut the connection", retryable=True) from None
 
     async def _next_event(self) -> ws_events.Event:
         assert self._stream is not None
@@ -521,13 +508,9 @@ class _WebSocket:
             if not data:
                 if self._closed:
                     raise _Closed(None, "")
-                raise ProviderError(
-                    "provider_failed", "KugelAudio cut the connection", retryable=True
-                )
+                raise ProviderError("provider_failed", "KugelAudio cut the connection", retryable=True)
             try:
                 self._ws.receive_data(data)
             except wsproto.utilities.RemoteProtocolError:
-                raise ProviderError(
-                    "provider_failed", "KugelAudio broke the WebSocket protocol"
-                ) from None
+                raise ProviderError("provider_failed", "KugelAudio broke the WebSocket protocol") from None
         raise ProviderError("provider_failed", "KugelAudio sent too many frames")

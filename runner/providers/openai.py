@@ -125,9 +125,7 @@ def _status_error(
     suffix = f" ({kind})" if kind else ""
     if status in (401, 403):
         # Services echo part of a rejected key in the message: quote only the error type.
-        return ProviderError(
-            "unauthorized", f"{service} refused the credentials: HTTP {status}{suffix}"
-        )
+        return ProviderError("unauthorized", f"{service} refused the credentials: HTTP {status}{suffix}")
     detail = f": {message}" if message else ""
     if status == 429:
         wait = _retry_after_s(headers)
@@ -148,18 +146,12 @@ def _transport_error(service: str, exc: httpx.TransportError, *, connected: bool
     if not connected and isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
         return ProviderError("unavailable", f"cannot reach {service}: {name}", retryable=True)
     if isinstance(exc, httpx.TimeoutException):
-        return ProviderError(
-            "provider_failed", f"{service} stopped sending ({name})", retryable=True
-        )
-    return ProviderError(
-        "provider_failed", f"{service} cut the connection ({name})", retryable=True
-    )
+        return ProviderError("provider_failed", f"{service} stopped sending ({name})", retryable=True)
+    return ProviderError("provider_failed", f"{service} cut the connection ({name})", retryable=True)
 
 
 @asynccontextmanager
-async def _body(
-    response: httpx.Response, chunks: AsyncIterator[_T]
-) -> AsyncIterator[AsyncIterator[_T]]:
+async def _body(response: httpx.Response, chunks: AsyncIterator[_T]) -> AsyncIterator[AsyncIterator[_T]]:
     """Iterate one of ``response``'s body iterators and always run it to its end.
 
     httpx's body iterators are async generators nested several deep: closing the outer one
@@ -394,11 +386,7 @@ def _auth_headers(api_key: str | None) -> dict[str, str]:
 def _resolve_key(
     api_key: str | None, api_key_env: str | None, provider: str
 ) -> tuple[str | None, str | None]:
-    env = (
-        api_key_env
-        if api_key_env is not None
-        else ("OPENAI_API_KEY" if provider == "openai" else None)
-    )
+    env = api_key_env if api_key_env is not None else ("OPENAI_API_KEY" if provider == "openai" else None)
     return (api_key if api_key is not None else _env_key(env)), env
 
 
@@ -449,14 +437,9 @@ class OpenAILLM:
         self._api_key, self._api_key_env = _resolve_key(api_key, api_key_env, provider)
 
     def __repr__(self) -> str:
-        return (
-            f"OpenAILLM(model={self.model!r}, provider={self.provider!r}, "
-            f"base_url={self.base_url!r})"
-        )
+        return f"OpenAILLM(model={self.model!r}, provider={self.provider!r}, base_url={self.base_url!r})"
 
-    def request_body(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
-    ) -> dict[str, Any]:
+    def request_body(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()) -> dict[str, Any]:
         """The JSON body of the streamed chat completion request for these inputs."""
         body: dict[str, Any] = {
             "model": self.model,
@@ -553,9 +536,7 @@ class _ChatStream:
         for index in sorted(self.pending):
             call = self.pending[index]
             if not call.name:
-                raise ProviderError(
-                    "provider_failed", f"{self.service} sent a tool call with no name"
-                )
+                raise ProviderError("provider_failed", f"{self.service} sent a tool call with no name")
             events.append(
                 ToolCall(
                     id=call.id or f"call_{index}",
@@ -594,9 +575,7 @@ def _chat_usage(raw: Mapping[str, Any], model: str) -> Usage:
         model=model,
         input_tokens=_int(raw.get("prompt_tokens")),
         output_tokens=_int(raw.get("completion_tokens")),
-        cached_tokens=_int(prompt_details.get("cached_tokens"))
-        if isinstance(prompt_details, Mapping)
-        else 0,
+        cached_tokens=_int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, Mapping) else 0,
         thought_tokens=_int(completion_details.get("reasoning_tokens"))
         if isinstance(completion_details, Mapping)
         else 0,

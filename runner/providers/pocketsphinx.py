@@ -28,7 +28,7 @@ import trio_parallel
 from ..voice.audio import Resampler, pcm_seconds
 from ._types import ProviderError, Transcript
 
-__all__ = ["PocketsphinxStream", "PocketsphinxSTT", "UnsupportedLanguage"]
+__all__ = ["PocketsphinxSTT", "PocketsphinxStream", "UnsupportedLanguage"]
 
 DECODER_RATE_HZ = 16_000
 # Rates that callers' audio arrives at (telephony, wideband, espeak, common TTS,
@@ -130,8 +130,7 @@ def _fill_pool(count: int) -> None:
 def _check_rate(sample_rate_hz: int) -> None:
     if sample_rate_hz not in SUPPORTED_RATES_HZ:
         raise ValueError(
-            f"pocketsphinx takes PCM at {', '.join(map(str, SUPPORTED_RATES_HZ))} Hz, "
-            f"got {sample_rate_hz}"
+            f"pocketsphinx takes PCM at {', '.join(map(str, SUPPORTED_RATES_HZ))} Hz, got {sample_rate_hz}"
         )
 
 
@@ -215,9 +214,7 @@ class PocketsphinxSTT:
 
     def __init__(self, language: str | None = None) -> None:
         if not self.supports_language(language):
-            raise UnsupportedLanguage(
-                f"pocketsphinx has only an English model, not {language!r}"
-            )
+            raise UnsupportedLanguage(f"pocketsphinx has only an English model, not {language!r}")
         self.language: str | None = language
 
     def __repr__(self) -> str:

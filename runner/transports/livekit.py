@@ -202,7 +202,9 @@ class _LoopThread:
         if self._exited.is_set():
             self._thread.join(timeout=1.0)  # it is past its last line
         else:
-            log.error("the LiveKit thread %s did not stop within %g s", self._thread.name, THREAD_EXIT_TIMEOUT_S)
+            log.error(
+                "the LiveKit thread %s did not stop within %g s", self._thread.name, THREAD_EXIT_TIMEOUT_S
+            )
 
 
 # -- Requests from the caller's app (RPC) -----------------------------------------------------
@@ -325,7 +327,9 @@ class LiveKitSession:
         if not apps:
             raise TransportError("no app is in the room")
         text = json.dumps({"key": key, "payload": payload}, separators=(",", ":"), ensure_ascii=False)
-        await self._thread.run(lambda: self._a_send_text(text, apps), timeout_s=CALL_TIMEOUT_S, what="send a message")
+        await self._thread.run(
+            lambda: self._a_send_text(text, apps), timeout_s=CALL_TIMEOUT_S, what="send a message"
+        )
 
     async def publish_audio(self, pcm: bytes, sample_rate_hz: int) -> None:
         """Play agent speech; returns once it is queued no more than ~200 ms ahead of playout."""
@@ -349,7 +353,9 @@ class LiveKitSession:
         """Drop the agent's speech still queued (a barge-in)."""
         self._generation += 1
         generation = self._generation
-        await self._thread.run(lambda: self._a_clear(generation), timeout_s=CALL_TIMEOUT_S, what="clear the agent's speech")
+        await self._thread.run(
+            lambda: self._a_clear(generation), timeout_s=CALL_TIMEOUT_S, what="clear the agent's speech"
+        )
 
     # -- Trio side --------------------------------------------------------------------------
 
@@ -360,7 +366,10 @@ class LiveKitSession:
             if self._events_send.statistics().current_buffer_used >= MAX_AUDIO_BACKLOG_FRAMES:
                 self._dropped_frames += 1
                 if self._dropped_frames == 1:
-                    log.warning("call %s: the agent is not taking the caller's audio; dropping frames", self._target.session_id)
+                    log.warning(
+                        "call %s: the agent is not taking the caller's audio; dropping frames",
+                        self._target.session_id,
+                    )
                 return
         elif isinstance(event, ParticipantJoined):
             self._present[event.identity] = event.kind
@@ -458,9 +467,13 @@ class LiveKitSession:
         room.on("reconnected", self._a_on_reconnected)
         room.register_text_stream_handler(CHAT_TOPIC, self._a_on_chat)
         try:
-            await asyncio.wait_for(room.connect(url, token, rtc.RoomOptions(auto_subscribe=True)), JOIN_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise TransportError(f"could not join the LiveKit room at {url} within {JOIN_TIMEOUT_S:g} s") from None
+            await asyncio.wait_for(
+                room.connect(url, token, rtc.RoomOptions(auto_subscribe=True)), JOIN_TIMEOUT_S
+            )
+        except TimeoutError:
+            raise TransportError(
+                f"could not join the LiveKit room at {url} within {JOIN_TIMEOUT_S:g} s"
+            ) from None
         except rtc.ConnectError as exc:
             raise TransportError(f"could not join the LiveKit room at {url}: {exc.message}") from None
         local = room.local_participant
@@ -498,7 +511,7 @@ class LiveKitSession:
             # What is queued is at most AUDIO_OUT_QUEUE_MS: let the last words out.
             try:
                 await asyncio.wait_for(self._a_drain_speech(), AUDIO_OUT_QUEUE_MS / 1000 + 0.3)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if self._a_flush_timer is not None:
             self._a_flush_timer.cancel()
@@ -529,7 +542,7 @@ class LiveKitSession:
         room.unregister_text_stream_handler(CHAT_TOPIC)
         try:
             await asyncio.wait_for(room.disconnect(), LEAVE_TIMEOUT_S - 1)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("call %s: LiveKit did not confirm leaving the room", self._target.session_id)
 
     def _a_emit(self, event: TransportEvent) -> None:
@@ -560,7 +573,9 @@ class LiveKitSession:
         if identity in self._a_kinds:
             return
         kind = self._a_classify(participant)
-        log.info("call %s: %s joined as %s (%s)", self._target.session_id, identity, kind, _kind_name(participant))
+        log.info(
+            "call %s: %s joined as %s (%s)", self._target.session_id, identity, kind, _kind_name(participant)
+        )
         if kind is None:
             return
         self._a_kinds[identity] = kind
@@ -679,7 +694,9 @@ class LiveKitSession:
 
     async def _a_send_text(self, text: str, destinations: list[str]) -> None:
         assert self._room is not None
-        await self._room.local_participant.send_text(text, topic=MESSAGE_TOPIC, destination_identities=destinations)
+        await self._room.local_participant.send_text(
+            text, topic=MESSAGE_TOPIC, destination_identities=destinations
+        )
 
     def _a_on_chat(self, reader: rtc.TextStreamReader, sender: str) -> None:
         if self._a_kinds.get(sender) not in _APP_KINDS:
@@ -697,7 +714,11 @@ class LiveKitSession:
             raise rtc.RpcError(REFUSAL_RPC_CODE, "payload_too_large")
         loop = asyncio.get_running_loop()
         request = _Request(
-            method=data.method, payload=data.payload, caller=data.caller_identity, answer=loop.create_future(), loop=loop
+            method=data.method,
+            payload=data.payload,
+            caller=data.caller_identity,
+            answer=loop.create_future(),
+            loop=loop,
         )
         if not self._thread.to_trio(self._t_start_request, request):
             raise _recipient_gone()

@@ -123,9 +123,7 @@ class Resampler:
         self._half = math.ceil(_ZERO_CROSSINGS / (2.0 * self._fc))
         self._taps = np.arange(-self._half + 1, self._half + 1)
         self._table = (
-            self._weights(np.arange(self._den) / self._den)
-            if self._den <= _MAX_TABLE_PHASES
-            else None
+            self._weights(np.arange(self._den) / self._den) if self._den <= _MAX_TABLE_PHASES else None
         )
         # Samples before the stream are zeros; the buffer's first index is ``_base``.
         self._buf = np.zeros(self._half, dtype=np.float64)
@@ -159,12 +157,7 @@ class Resampler:
 
     def _weights(self, frac: np.ndarray) -> np.ndarray:
         dist = frac[:, None] - self._taps[None, :]
-        w = (
-            2.0
-            * self._fc
-            * np.sinc(2.0 * self._fc * dist)
-            * (0.5 + 0.5 * np.cos(np.pi * dist / self._half))
-        )
+        w = 2.0 * self._fc * np.sinc(2.0 * self._fc * dist) * (0.5 + 0.5 * np.cos(np.pi * dist / self._half))
         return w / w.sum(axis=1, keepdims=True)  # unit gain at DC
 
     def _emit(self, limit: int | None) -> bytes:

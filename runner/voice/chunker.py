@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 # A sentence ends at . ! ? … followed by whitespace; "e.g. " and "3.5" do not end one.
-_END = re.compile(r"(?<!\b[A-Za-z]\.[A-Za-z])(?<!\be\.g)(?<!\bi\.e)(?<!\bMr)(?<!\bMrs)(?<!\bDr)(?<!\bSt)[.!?…]+[\"')\]]*\s")
+_END = re.compile(
+    r"(?<!\b[A-Za-z]\.[A-Za-z])(?<!\be\.g)(?<!\bi\.e)(?<!\bMr)(?<!\bMrs)(?<!\bDr)(?<!\bSt)[.!?…]+[\"')\]]*\s"
+)
 _SOFT = re.compile(r"[,;:—–]\s")
 
 

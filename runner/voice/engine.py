@@ -232,7 +232,9 @@ def new_turn_id() -> str:
 class Turn:
     """One running turn. :meth:`cancel` ends it interrupted; :meth:`mute` stops its voice."""
 
-    def __init__(self, plan: TurnPlan, history: list[ChatMessage], emit: Emit, *, turn_id: str | None = None) -> None:
+    def __init__(
+        self, plan: TurnPlan, history: list[ChatMessage], emit: Emit, *, turn_id: str | None = None
+    ) -> None:
         self.id = turn_id or new_turn_id()
         self._plan = plan
         self._history = history
@@ -307,7 +309,9 @@ class Turn:
                     self._history.append(ChatMessage(role="user", content=heard))
                     await self._emit(Heard(turn=self.id, text=heard, audio_seconds=heard_seconds))
                 if run_first:
-                    self._history.append(ChatMessage(role="assistant", content="", tool_calls=tuple(run_first)))
+                    self._history.append(
+                        ChatMessage(role="assistant", content="", tool_calls=tuple(run_first))
+                    )
                     for call in run_first:
                         await self._run_tool(call, 0)
                 await self._produce(scripted)
@@ -359,7 +363,9 @@ class Turn:
         if failure is not None:
             raise failure
 
-    async def _text(self, text: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
+    async def _text(
+        self, text: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]
+    ) -> None:
         if self._first_text is None:
             self._first_text = time.monotonic()
         if self._after_filler and text:
@@ -404,7 +410,9 @@ class Turn:
                     elif isinstance(event, Usage):
                         self._usage.append(event)
                         await self._emit(
-                            UsageReported(turn=self.id, usage=event, generation_seconds=time.monotonic() - began)
+                            UsageReported(
+                                turn=self.id, usage=event, generation_seconds=time.monotonic() - began
+                            )
                         )
             if not calls or not tools:
                 # A model that calls a tool it was not offered gets no more rounds.
@@ -440,12 +448,22 @@ class Turn:
         )
         self._tool_calls.append(record)
         await self._emit(
-            ToolEnded(turn=self.id, call_id=call.id, name=call.name, ok=outcome.ok, ms=ms, result=outcome.result, error=outcome.error)
+            ToolEnded(
+                turn=self.id,
+                call_id=call.id,
+                name=call.name,
+                ok=outcome.ok,
+                ms=ms,
+                result=outcome.result,
+                error=outcome.error,
+            )
         )
         content = _tool_content(outcome)
         self._history.append(ChatMessage(role="tool", content=content, tool_call_id=call.id))
 
-    async def _say_filler(self, line: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
+    async def _say_filler(
+        self, line: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]
+    ) -> None:
         """Say ``line`` now, while the tool runs: it is part of the reply, as the caller hears it."""
         # Whatever the model wrote before calling the tool is said first, in order.
         await self._flush(chunker, send_chunk)
@@ -479,7 +497,9 @@ class Turn:
                         break
                     if not opened:
                         opened = True
-                        await self._emit(AudioStart(turn=self.id, chunk=chunk, sample_rate_hz=tts.sample_rate_hz))
+                        await self._emit(
+                            AudioStart(turn=self.id, chunk=chunk, sample_rate_hz=tts.sample_rate_hz)
+                        )
                     if self._first_audio is None:
                         self._first_audio = time.monotonic()
                     sent += len(pcm)
@@ -490,7 +510,9 @@ class Turn:
             if opened:
                 with trio.CancelScope(shield=True):
                     await self._emit(
-                        AudioEnd(turn=self.id, chunk=chunk, bytes=sent, audio_seconds=sent / 2 / tts.sample_rate_hz)
+                        AudioEnd(
+                            turn=self.id, chunk=chunk, bytes=sent, audio_seconds=sent / 2 / tts.sample_rate_hz
+                        )
                     )
                 if sent:
                     self._chunks_spoken += 1

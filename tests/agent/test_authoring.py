@@ -17,7 +17,9 @@ from runner.calls import CallContext
 CODE = "AGENT_INVALID_AUTHORING_PROP"
 
 
-def _runtime(agent: Agent, *, session_id: str = "s-auth", client: Mapping[str, str] | None = None) -> AgentRuntime:
+def _runtime(
+    agent: Agent, *, session_id: str = "s-auth", client: Mapping[str, str] | None = None
+) -> AgentRuntime:
     client = dict(client or {})
     call = CallContext(
         session_id=session_id,
@@ -38,7 +40,9 @@ def _authoring_error(excinfo: pytest.ExceptionInfo[AuthoringError]) -> str:
 # -- message keys and senders -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["", "k" * 257, 7, None, b"bytes"], ids=["empty", "257-chars", "int", "none", "bytes"])
+@pytest.mark.parametrize(
+    "key", ["", "k" * 257, 7, None, b"bytes"], ids=["empty", "257-chars", "int", "none", "bytes"]
+)
 def test_an_invalid_message_key_fails_when_the_handler_is_declared(key: Any) -> None:
     agent = Agent("a")
     with pytest.raises(AuthoringError) as excinfo:
@@ -128,7 +132,11 @@ def test_a_tool_schema_comes_from_the_signature() -> None:
         "required": ["city", "nights"],
     }
     spec = tool.spec()
-    assert (spec.name, spec.description, spec.parameters) == ("book", "Book a room in a city.", tool.parameters)
+    assert (spec.name, spec.description, spec.parameters) == (
+        "book",
+        "Book a room in a city.",
+        tool.parameters,
+    )
     # The decorator hands the function back unchanged, so it stays callable as written.
     assert book(None, "Oslo", 2) == "booked"  # type: ignore[arg-type]
 
@@ -156,7 +164,9 @@ def test_a_tool_with_options_keeps_them() -> None:
     def gate(ctx: Context) -> bool:
         return True
 
-    @agent.tool(name="look-up", description="Look something up.", when=gate, ask_first=True, filler="One moment.")
+    @agent.tool(
+        name="look-up", description="Look something up.", when=gate, ask_first=True, filler="One moment."
+    )
     async def lookup(ctx: Context, query: str) -> str:
         return query
 
@@ -273,8 +283,13 @@ def test_a_tool_name_must_be_valid_and_unique() -> None:
 
 
 def test_adjustable_paths_are_checked_per_origin() -> None:
-    agent = Agent("a", adjustable={"client": ["tts.voice"], "host": ["tts.voice", "stt.language", "llm", "tts.model"]})
-    assert agent.adjustable == {"client": ("tts.voice",), "host": ("tts.voice", "stt.language", "llm", "tts.model")}
+    agent = Agent(
+        "a", adjustable={"client": ["tts.voice"], "host": ["tts.voice", "stt.language", "llm", "tts.model"]}
+    )
+    assert agent.adjustable == {
+        "client": ("tts.voice",),
+        "host": ("tts.voice", "stt.language", "llm", "tts.model"),
+    }
     # Nothing is adjustable unless listed.
     assert Agent("b").adjustable == {"client": (), "host": ()}
     assert Agent("c", adjustable={"host": ["llm"]}).adjustable == {"client": (), "host": ("llm",)}
@@ -379,7 +394,10 @@ def test_offer_is_recomputed_from_the_calls_state() -> None:
     assert [t.name for t in before.tools] == ["weather"]
     assert before.skills == ()
     assert before.instructions == "You help guests."
-    assert (before.llm, before.tts) == (LLM(provider="local", model="local"), TTS(provider="espeak", voice="en"))
+    assert (before.llm, before.tts) == (
+        LLM(provider="local", model="local"),
+        TTS(provider="espeak", voice="en"),
+    )
 
     runtime.ctx.state["vip"] = True
     assert [t.name for t in runtime.offer().tools] == ["weather", "champagne"]

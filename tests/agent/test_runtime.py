@@ -114,7 +114,9 @@ async def open_call(
         nursery.start_soon(runtime.run, session, session.events)
         with trio.fail_after(10):
             await runtime.ready.wait()
-        yield Harness(runtime=runtime, caller=LoopbackCaller(session), session=session, events=events, results=results)
+        yield Harness(
+            runtime=runtime, caller=LoopbackCaller(session), session=session, events=events, results=results
+        )
         nursery.cancel_scope.cancel()
 
 
@@ -141,7 +143,9 @@ async def turns(journal: Journal, session_id: str = "call-1") -> list[dict[str, 
     return [r.body for r in await journal.read(0, producer=session_id) if r.body.get("type") == "turn"]
 
 
-async def conversation_events(journal: Journal, name: str, session_id: str = "call-1") -> list[dict[str, Any]]:
+async def conversation_events(
+    journal: Journal, name: str, session_id: str = "call-1"
+) -> list[dict[str, Any]]:
     return [
         r.body["payload"]
         for r in await journal.read(0, producer=session_id)
@@ -175,7 +179,14 @@ def tool_call_reply(call_id: str, name: str, arguments: Mapping[str, Any]) -> An
                     {
                         "role": "assistant",
                         "content": None,
-                        "tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}],
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ],
                     }
                 ),
                 openai_chunk({"tool_calls": [{"index": 0, "function": {"arguments": encoded[:5]}}]}),
@@ -227,11 +238,20 @@ async def test_a_full_spoken_turn_offline(journal: Journal) -> None:
     assert result.heard is not None and {"forecast", "boston"} <= set(result.heard.split()), result.heard
     assert result.heard_seconds is not None and result.heard_seconds > 1.0
     user, assistant = await turns(journal)
-    assert (user["role"], user["spoken"], user["text"], user["turn"]) == ("user", True, result.heard, result.turn)
+    assert (user["role"], user["spoken"], user["text"], user["turn"]) == (
+        "user",
+        True,
+        result.heard,
+        result.turn,
+    )
     # The local model called the tool with the city it heard.
     assert [c.lower() for c in ran] == ["boston"]
     (call_record,) = assistant["toolCalls"]
-    assert (call_record["name"], call_record["arguments"], call_record["ok"]) == ("forecast", {"city": ran[0]}, True)
+    assert (call_record["name"], call_record["arguments"], call_record["ok"]) == (
+        "forecast",
+        {"city": ran[0]},
+        True,
+    )
     assert assistant["text"] == f"Here is what I found: In {ran[0]} it is sunny and twenty degrees."
     assert assistant["interrupted"] is False and assistant["chunksSpoken"] >= 1
     # Its reply came out as speech that pocketsphinx, in turn, understands.
@@ -248,7 +268,10 @@ SPA_TEXT = ["The spa is open from nine in the morning. ", "It has a heated pool,
 
 def stalling_reply(pieces: list[str]) -> Any:
     """A reply that writes ``pieces`` and then goes quiet, as a slow model would."""
-    chunks = [openai_chunk({"role": "assistant", "content": ""}), *[openai_chunk({"content": p}) for p in pieces]]
+    chunks = [
+        openai_chunk({"role": "assistant", "content": ""}),
+        *[openai_chunk({"content": p}) for p in pieces],
+    ]
     return sse_reply(openai_events(chunks, done=False), stall=True)
 
 
@@ -298,7 +321,11 @@ async def test_speech_over_a_reply_barges_in(journal: Journal, fake: FakeOpenAI)
         ]
 
     assistant = [t for t in await turns(journal) if t["role"] == "assistant"]
-    assert (assistant[0]["interrupted"], assistant[0]["reason"], assistant[0]["text"]) == (True, "barge_in", "".join(SPA_TEXT))
+    assert (assistant[0]["interrupted"], assistant[0]["reason"], assistant[0]["text"]) == (
+        True,
+        "barge_in",
+        "".join(SPA_TEXT),
+    )
     assert assistant[1]["interrupted"] is False
 
 
@@ -349,16 +376,25 @@ async def test_a_handler_that_unlocks_a_tool_changes_the_next_turn(journal: Jour
         before = await call.next_result()
         assert before.tool_calls == ()
 
-        answer = await call.caller.request("curb.message", json.dumps({"key": "verify", "id": "m-1", "payload": {"member": True}}))
+        answer = await call.caller.request(
+            "curb.message", json.dumps({"key": "verify", "id": "m-1", "payload": {"member": True}})
+        )
         assert json.loads(answer) == {"reply": {"verified": True}}
         assert [t.name for t in call.runtime.offer().tools] == ["weather", "upgrade_room"]
 
         call.caller.say("Please upgrade room 12.")
         after = await call.next_result()
-    assert [(c.name, c.arguments, c.result) for c in after.tool_calls] == [("upgrade_room", {"room": "12"}, "Room 12 is now a suite.")]
+    assert [(c.name, c.arguments, c.result) for c in after.tool_calls] == [
+        ("upgrade_room", {"room": "12"}, "Room 12 is now a suite.")
+    ]
     assert after.text == "Here is what I found: Room 12 is now a suite."
     (delivered,) = await conversation_events(journal, "curb.message")
-    assert (delivered["key"], delivered["from"], delivered["outcome"], delivered["reply"]) == ("verify", "client", "delivered", {"verified": True})
+    assert (delivered["key"], delivered["from"], delivered["outcome"], delivered["reply"]) == (
+        "verify",
+        "client",
+        "delivered",
+        {"verified": True},
+    )
     assistant = [t for t in await turns(journal) if t["role"] == "assistant"]
     assert [[c["name"] for c in t["toolCalls"]] for t in assistant] == [[], ["upgrade_room"]]
 
@@ -396,7 +432,11 @@ async def test_a_scripted_greeting_is_spoken_without_a_model_call(journal: Journ
     assert result.chunks_spoken == 1
     assert len(b"".join(spoken)) / 2 / RATE > 0.8
     (greeting,) = await turns(journal)
-    assert (greeting["role"], greeting["text"], greeting["usage"]) == ("assistant", "Welcome to Hotel Lumen, Ada!", [])
+    assert (greeting["role"], greeting["text"], greeting["usage"]) == (
+        "assistant",
+        "Welcome to Hotel Lumen, Ada!",
+        [],
+    )
     assert greeting["timings"]["firstAudioMs"] is not None
 
 
@@ -414,8 +454,12 @@ async def test_a_greeting_left_to_the_model_is_one_model_call(fake: FakeOpenAI) 
 # -- tool rounds -------------------------------------------------------------------------------
 
 
-def lookup_agent(fake: FakeOpenAI, ran: list[str], *, max_tool_rounds: int, result: Callable[[str], Any] | None = None) -> Agent:
-    agent = Agent("lookup", instructions="You look things up.", llm=remote_llm(fake), max_tool_rounds=max_tool_rounds)
+def lookup_agent(
+    fake: FakeOpenAI, ran: list[str], *, max_tool_rounds: int, result: Callable[[str], Any] | None = None
+) -> Agent:
+    agent = Agent(
+        "lookup", instructions="You look things up.", llm=remote_llm(fake), max_tool_rounds=max_tool_rounds
+    )
 
     @agent.tool
     def lookup(ctx: Context, q: str) -> Any:
@@ -441,9 +485,13 @@ async def test_the_round_after_the_last_tool_round_offers_no_tools(fake: FakeOpe
 
 
 @pytest.mark.parametrize("max_tool_rounds", [1, 2])
-async def test_max_tool_rounds_bounds_a_model_that_keeps_calling_tools(fake: FakeOpenAI, max_tool_rounds: int) -> None:
+async def test_max_tool_rounds_bounds_a_model_that_keeps_calling_tools(
+    fake: FakeOpenAI, max_tool_rounds: int
+) -> None:
     # This model asks for the tool on every call, even when it is offered none.
-    fake.enqueue(*[tool_call_reply(f"call_{i}", "lookup", {"q": f"q{i}"}) for i in range(max_tool_rounds + 2)])
+    fake.enqueue(
+        *[tool_call_reply(f"call_{i}", "lookup", {"q": f"q{i}"}) for i in range(max_tool_rounds + 2)]
+    )
     ran: list[str] = []
     async with open_call(lookup_agent(fake, ran, max_tool_rounds=max_tool_rounds), None) as call:
         call.caller.say("Look everything up.")
@@ -456,7 +504,9 @@ async def test_max_tool_rounds_bounds_a_model_that_keeps_calling_tools(fake: Fak
 # -- provider failures -------------------------------------------------------------------------
 
 
-async def test_a_model_answering_500_ends_the_turn_with_its_code_promptly(journal: Journal, fake: FakeOpenAI) -> None:
+async def test_a_model_answering_500_ends_the_turn_with_its_code_promptly(
+    journal: Journal, fake: FakeOpenAI
+) -> None:
     # Nothing scripted: the fake answers HTTP 500.
     agent = Agent("failing", instructions="You fail.", llm=remote_llm(fake), tts=TTS(provider="espeak"))
     async with open_call(agent, journal) as call:
@@ -481,9 +531,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_a_model_nobody_answers_for_ends_the_turn_unavailable_promptly(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_model_nobody_answers_for_ends_the_turn_unavailable_promptly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(KEY_ENV, KEY)
-    llm = LLM(provider="openai-compatible", model="m", base_url=f"http://127.0.0.1:{_free_port()}/v1", api_key_env=KEY_ENV)
+    llm = LLM(
+        provider="openai-compatible",
+        model="m",
+        base_url=f"http://127.0.0.1:{_free_port()}/v1",
+        api_key_env=KEY_ENV,
+    )
     async with open_call(Agent("nobody", llm=llm), None) as call:
         began = time.monotonic()
         call.caller.say("Hello?")
@@ -493,7 +550,10 @@ async def test_a_model_nobody_answers_for_ends_the_turn_unavailable_promptly(mon
 
 
 async def test_a_stream_cut_mid_reply_keeps_the_text_so_far(fake: FakeOpenAI) -> None:
-    chunks = [openai_chunk({"role": "assistant", "content": ""}), openai_chunk({"content": "The first half. "})]
+    chunks = [
+        openai_chunk({"role": "assistant", "content": ""}),
+        openai_chunk({"content": "The first half. "}),
+    ]
     fake.enqueue(sse_reply(openai_events(chunks, done=False), cut=True))
     agent = Agent("cut", llm=remote_llm(fake))
     async with open_call(agent, None) as call:
@@ -545,7 +605,12 @@ async def test_a_turn_record_holds_timings_usage_and_tool_calls(journal: Journal
     assert [u["model"] for u in assistant["usage"]] == ["local", "local"]
     assert all(u["inputTokens"] > 0 for u in assistant["usage"])
     (tool,) = assistant["toolCalls"]
-    assert (tool["name"], tool["arguments"], tool["ok"], tool["round"]) == ("forecast", {"city": "Lisbon"}, True, 0)
+    assert (tool["name"], tool["arguments"], tool["ok"], tool["round"]) == (
+        "forecast",
+        {"city": "Lisbon"},
+        True,
+        0,
+    )
     assert isinstance(tool["ms"], int)
     assert "truncated" not in assistant
 
@@ -580,7 +645,9 @@ async def test_a_long_reply_is_kept_as_its_first_4_kib_with_truncated(journal: J
     assert json.dumps(result.text, ensure_ascii=False).startswith(assistant["text"])
 
 
-async def test_a_long_tool_result_is_kept_as_its_first_4_kib_with_truncated(journal: Journal, fake: FakeOpenAI) -> None:
+async def test_a_long_tool_result_is_kept_as_its_first_4_kib_with_truncated(
+    journal: Journal, fake: FakeOpenAI
+) -> None:
     fake.enqueue(tool_call_reply("call_1", "lookup", {"q": "all"}), text_reply("That is a lot."))
     ran: list[str] = []
     long = "z" * 10_000
@@ -629,7 +696,9 @@ async def test_tools_send_to_the_client_and_the_host(journal: Journal) -> None:
 
 
 async def test_a_tools_filler_line_is_said_and_kept_in_the_reply(journal: Journal) -> None:
-    agent = Agent("weather", instructions="You tell the weather.", tts=TTS(provider="espeak", voice=CLEAR_VOICE))
+    agent = Agent(
+        "weather", instructions="You tell the weather.", tts=TTS(provider="espeak", voice=CLEAR_VOICE)
+    )
 
     @agent.tool(filler="One moment, I am looking.")
     def forecast(ctx: Context, city: str) -> str:

@@ -139,9 +139,7 @@ class Netns:
             return []
         return [int(p) for p in out.split() if p.isdigit()]
 
-    def socket(
-        self, family: int = socket.AF_INET, type: int = socket.SOCK_STREAM
-    ) -> socket.socket:
+    def socket(self, family: int = socket.AF_INET, type: int = socket.SOCK_STREAM) -> socket.socket:
         """A socket that belongs to the namespace (made on a short-lived thread
         that joined it), usable from this process like any other socket."""
         box: dict[str, Any] = {}
@@ -239,9 +237,7 @@ class LiveKitServer:
         self.netns.create()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                self.netns.argv(
-                    [self.binary, "--dev", "--config", self.config_path, "--bind", self.host]
-                ),
+                self.netns.argv([self.binary, "--dev", "--config", self.config_path, "--bind", self.host]),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -256,9 +252,7 @@ class LiveKitServer:
         for _ in range(int(SERVER_START_TIMEOUT / 0.05) + 1):
             rc = self.proc.poll()
             if rc is not None:
-                raise HarnessError(
-                    f"livekit-server exited with {rc} while starting:\n{_tail(self.log_path)}"
-                )
+                raise HarnessError(f"livekit-server exited with {rc} while starting:\n{_tail(self.log_path)}")
             try:
                 if self._http_ok():
                     return

@@ -135,8 +135,7 @@ class PeerProgram:
             result = await method(req) or {}
             emit(event="result", id=req_id, ok=True, **result)
         except rtc.RpcError as exc:
-            emit(event="result", id=req_id, ok=False, error=exc.message, code=int(exc.code),
-                 data=exc.data)
+            emit(event="result", id=req_id, ok=False, error=exc.message, code=int(exc.code), data=exc.data)
         except Exception as exc:  # reported to the test, which fails on it
             emit(event="result", id=req_id, ok=False, error=f"{type(exc).__name__}: {exc}")
 
@@ -168,14 +167,10 @@ class PeerProgram:
             )
             if fixed is not None:
                 return str(fixed)
-            fut: asyncio.Future[tuple[str | None, int, str]] = (
-                asyncio.get_running_loop().create_future()
-            )
+            fut: asyncio.Future[tuple[str | None, int, str]] = asyncio.get_running_loop().create_future()
             self.pending_rpc[data.request_id] = fut
             try:
-                response, code, message = await asyncio.wait_for(
-                    fut, timeout=max(0.1, data.response_timeout)
-                )
+                response, code, message = await asyncio.wait_for(fut, timeout=max(0.1, data.response_timeout))
             finally:
                 self.pending_rpc.pop(data.request_id, None)
             if response is None:
@@ -210,11 +205,22 @@ class PeerProgram:
             try:
                 text = await reader.read_all()
             except Exception as exc:
-                emit(event="text_error", topic=info.topic, sender=sender,
-                     stream_id=info.stream_id, error=f"{type(exc).__name__}: {exc}")
+                emit(
+                    event="text_error",
+                    topic=info.topic,
+                    sender=sender,
+                    stream_id=info.stream_id,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
                 return
-            emit(event="text_received", topic=info.topic, sender=sender, text=text,
-                 stream_id=info.stream_id, attributes=dict(info.attributes or {}))
+            emit(
+                event="text_received",
+                topic=info.topic,
+                sender=sender,
+                text=text,
+                stream_id=info.stream_id,
+                attributes=dict(info.attributes or {}),
+            )
 
         def handler(reader: rtc.TextStreamReader, sender: str) -> None:
             self.spawn(read(reader, sender))
@@ -323,7 +329,7 @@ class PeerProgram:
         track = None
         while track is None and time.monotonic() < deadline:
             participant = self.room.remote_participants.get(identity)
-            for publication in (participant.track_publications.values() if participant else ()):
+            for publication in participant.track_publications.values() if participant else ():
                 if publication.kind == rtc.TrackKind.KIND_AUDIO and publication.track is not None:
                     track = publication.track
             if track is None:
@@ -334,7 +340,9 @@ class PeerProgram:
         self.recording_ended = False
 
         async def record() -> None:
-            stream = rtc.AudioStream(track, sample_rate=RECORD_RATE, num_channels=1, frame_size_ms=RECORD_FRAME_MS)
+            stream = rtc.AudioStream(
+                track, sample_rate=RECORD_RATE, num_channels=1, frame_size_ms=RECORD_FRAME_MS
+            )
             try:
                 async for event in stream:
                     pcm = bytes(event.frame.data)
@@ -371,7 +379,7 @@ class PeerProgram:
             self.recorded.clear()
             try:
                 await asyncio.wait_for(self.recorded.wait(), 0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         raise TimeoutError(f"no speech followed by {quiet_s:g} s of quiet was heard")
 
@@ -395,7 +403,7 @@ class PeerProgram:
             self.recorded.clear()
             try:
                 await asyncio.wait_for(self.recorded.wait(), 0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         raise TimeoutError(f"the recording was never quiet for {quiet_s:g} s")
 
@@ -438,8 +446,9 @@ async def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", default=os.environ.get("LIVEKIT_URL"))
     parser.add_argument("--connect-timeout", type=float, default=15.0)
-    parser.add_argument("--max-seconds", type=float, default=300.0,
-                        help="exit after this long whatever happens")
+    parser.add_argument(
+        "--max-seconds", type=float, default=300.0, help="exit after this long whatever happens"
+    )
     args = parser.parse_args()
     token = os.environ["LK_PEER_TOKEN"]
 
@@ -462,7 +471,7 @@ async def main() -> int:
     requests = asyncio.ensure_future(program.read_requests())
     try:
         await asyncio.wait_for(program.quit.wait(), args.max_seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         emit(event="max_seconds")
     finally:
         requests.cancel()

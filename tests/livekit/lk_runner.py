@@ -23,6 +23,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from lk_harness import LiveKitEnv  # noqa: E402
+
 from tests.runner_process import READY_PREFIX, TOKEN, EventsStream, RunnerProcess  # noqa: E402
 
 AGENTS = Path(__file__).with_name("lk_agents.py")
@@ -83,7 +84,9 @@ class Host:
         return await self.request("POST", "/v1/sessions", body)
 
     async def stop_call(self, session_id: str, *, reason: str = "done", grace_ms: int = 0) -> Answer:
-        return await self.request("DELETE", f"/v1/sessions/{quote(session_id)}?reason={reason}&graceMs={grace_ms}")
+        return await self.request(
+            "DELETE", f"/v1/sessions/{quote(session_id)}?reason={reason}&graceMs={grace_ms}"
+        )
 
     @asynccontextmanager
     async def open_events(self, query: str = "from=0") -> AsyncIterator[EventsStream]:
@@ -154,9 +157,22 @@ async def open_runner(
     livekit: LiveKitEnv, journal: Path, *extra: str, agent: str | None = None
 ) -> AsyncIterator[Host]:
     """``runner serve AGENT`` inside the namespace, ready; killed (by pid) on exit."""
-    argv = [sys.executable, "-m", "runner", "serve", agent or agent_spec(), "--address", "127.0.0.1:0", "--journal", str(journal), *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "runner",
+        "serve",
+        agent or agent_spec(),
+        "--address",
+        "127.0.0.1:0",
+        "--journal",
+        str(journal),
+        *extra,
+    ]
     env = livekit.env({"CURB_MANAGEMENT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"})
-    process = await livekit.open_process(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO))
+    process = await livekit.open_process(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO)
+    )
     runner = RunnerProcess(process, journal)
     log = journal.with_suffix(".stderr")
     try:
@@ -165,7 +181,9 @@ async def open_runner(
             nursery.start_soon(runner._pump, process.stdout, runner.stdout)
             nursery.start_soon(runner._pump, process.stderr, runner.stderr)
             try:
-                await runner.wait_for(lambda: any(line.startswith(READY_PREFIX) for line in runner.stdout), timeout=30)
+                await runner.wait_for(
+                    lambda: any(line.startswith(READY_PREFIX) for line in runner.stdout), timeout=30
+                )
                 runner.address = next(e["address"] for e in runner.lifecycle if e["event"] == "ready")
                 yield Host(livekit, runner)
             finally:

@@ -46,7 +46,9 @@ def emit(**msg: Any) -> None:
 
 
 def tone(seconds: float, rate: int = TONE_RATE, hz: float = 440.0) -> bytes:
-    return array("h", (int(12_000 * math.sin(2 * math.pi * hz * i / rate)) for i in range(int(seconds * rate)))).tobytes()
+    return array(
+        "h", (int(12_000 * math.sin(2 * math.pi * hz * i / rate)) for i in range(int(seconds * rate)))
+    ).tobytes()
 
 
 async def play_and_clear(session: LiveKitSession) -> None:
@@ -74,7 +76,12 @@ async def main() -> int:
     target = CallTarget(session_id="probe", url=args.url, token=os.environ["LK_PROBE_TOKEN"])
     with trio.move_on_after(args.max_seconds):
         async with LiveKitTransport().open_session(target) as session:
-            emit(event="joined", identity=session.identity, room=session.room_name, reachable=session.client_reachable())
+            emit(
+                event="joined",
+                identity=session.identity,
+                room=session.room_name,
+                reachable=session.client_reachable(),
+            )
             frames = 0
             acted = False
             async for event in session.events:

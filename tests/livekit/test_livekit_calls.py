@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import trio
-
 from lk_harness import LiveKitEnv, LiveKitServer, Peer, PeerError, find_livekit_server
 from lk_runner import AGENT_IDENTITY, REPO, agent_spec, open_runner
 
@@ -35,7 +34,11 @@ PROBE = Path(__file__).with_name("lk_transport_probe.py")
 
 
 def events(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [r["body"]["payload"] for r in records if r["body"].get("type") == "event" and r["body"]["name"] == name]
+    return [
+        r["body"]["payload"]
+        for r in records
+        if r["body"].get("type") == "event" and r["body"]["name"] == name
+    ]
 
 
 def turns(records: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
@@ -125,7 +128,10 @@ async def test_a_host_call_in_a_livekit_room(livekit: LiveKitEnv, tmp_path: Path
         assert (refused.value.result["code"], refused.value.result["error"]) == (1500, "no_handler")
         with pytest.raises(PeerError) as refused:
             await caller.request(
-                "perform_rpc", destination=AGENT_IDENTITY, method="curb.update", payload=json.dumps({"tts": {"voice": 7}})
+                "perform_rpc",
+                destination=AGENT_IDENTITY,
+                method="curb.update",
+                payload=json.dumps({"tts": {"voice": 7}}),
             )
         assert refused.value.result is not None
         assert refused.value.result["error"] == "invalid_settings"
@@ -135,7 +141,11 @@ async def test_a_host_call_in_a_livekit_room(livekit: LiveKitEnv, tmp_path: Path
         path, rate = await speech_file(tmp_path / "sentence.pcm", SENTENCE)
         said = await caller.request("play", path=str(path), rate=rate, timeout=20)
         reply = await caller.request(
-            "wait_speech", after=said["ended_at"] - 1.4, within=25, path=str(tmp_path / "reply.pcm"), timeout=30
+            "wait_speech",
+            after=said["ended_at"] - 1.4,
+            within=25,
+            path=str(tmp_path / "reply.pcm"),
+            timeout=30,
         )
         assert reply["first_loud_at"] > said["ended_at"] - 1.5
         heard = await PocketsphinxSTT().transcribe(Path(reply["path"]).read_bytes(), reply["rate"])
@@ -157,7 +167,12 @@ async def test_a_host_call_in_a_livekit_room(livekit: LiveKitEnv, tmp_path: Path
     assert events(records, "curb.started")[0]["transport"] == "livekit"
     assert events(records, "curb.started")[0]["clientContext"] == {"page": "pricing"}
     delivered = [(m["key"], m["outcome"]) for m in events(records, "curb.message")]
-    assert delivered[:4] == [("ping", "delivered"), ("ping", "delivered"), ("quote", "delivered"), ("quote", "invalid_payload")]
+    assert delivered[:4] == [
+        ("ping", "delivered"),
+        ("ping", "delivered"),
+        ("quote", "delivered"),
+        ("quote", "invalid_payload"),
+    ]
     assert ("nobody-listens", "no_handler") in delivered and ("boom", "handler_failed") in delivered
     assert ("ping", "delivered") in delivered[4:]
     settings = [(s["origin"], s["outcome"]) for s in events(records, "curb.settings")]
@@ -182,7 +197,9 @@ async def test_a_bad_token_or_url_is_start_failed(livekit: LiveKitEnv, tmp_path:
     room = livekit.unique_room("bad")
     async with open_runner(livekit, tmp_path / "journal.db") as host:
         bad_token = await host.request(
-            "POST", "/v1/sessions", {"sessionId": "bad-token", "realtimeUrl": livekit.url, "realtimeToken": "not-a-jwt"}
+            "POST",
+            "/v1/sessions",
+            {"sessionId": "bad-token", "realtimeUrl": livekit.url, "realtimeToken": "not-a-jwt"},
         )
         assert bad_token.status == 502, bad_token.body
         assert bad_token.body["error"] == "start_failed"
@@ -192,7 +209,11 @@ async def test_a_bad_token_or_url_is_start_failed(livekit: LiveKitEnv, tmp_path:
         bad_url = await host.request(
             "POST",
             "/v1/sessions",
-            {"sessionId": "bad-url", "realtimeUrl": unreachable, "realtimeToken": livekit.token(AGENT_IDENTITY, room, agent=True)},
+            {
+                "sessionId": "bad-url",
+                "realtimeUrl": unreachable,
+                "realtimeToken": livekit.token(AGENT_IDENTITY, room, agent=True),
+            },
         )
         assert bad_url.status == 502, bad_url.body
         assert bad_url.body["error"] == "start_failed"
@@ -201,7 +222,9 @@ async def test_a_bad_token_or_url_is_start_failed(livekit: LiveKitEnv, tmp_path:
         status = await host.request("GET", "/v1/runner")
         assert status.body["activeSessions"] == 0
         ended = await host.read_call("bad-url")
-        assert events(ended, "curb.ended")[0]["reason"].startswith("start_failed: could not join the LiveKit room")
+        assert events(ended, "curb.ended")[0]["reason"].startswith(
+            "start_failed: could not join the LiveKit room"
+        )
 
         # The runner still places calls.
         async with livekit.peer("caller", room) as caller:
@@ -209,11 +232,14 @@ async def test_a_bad_token_or_url_is_start_failed(livekit: LiveKitEnv, tmp_path:
             await caller.request("wait_participant", identity=AGENT_IDENTITY)
 
 
-async def test_a_phone_caller_and_a_second_phone_is_a_transfer_target(livekit: LiveKitEnv, tmp_path: Path) -> None:
+async def test_a_phone_caller_and_a_second_phone_is_a_transfer_target(
+    livekit: LiveKitEnv, tmp_path: Path
+) -> None:
     room = livekit.unique_room("phone")
-    async with open_runner(livekit, tmp_path / "journal.db", agent=agent_spec("quiet")) as host, livekit.peer(
-        "+15550100", room, kind="sip"
-    ) as phone:
+    async with (
+        open_runner(livekit, tmp_path / "journal.db", agent=agent_spec("quiet")) as host,
+        livekit.peer("+15550100", room, kind="sip") as phone,
+    ):
         assert phone.info["kind"] == "PARTICIPANT_KIND_SIP"
         assert (await host.start_call("phone", room)).status == 202
         await phone.request("wait_participant", identity=AGENT_IDENTITY)
@@ -228,7 +254,10 @@ async def test_a_phone_caller_and_a_second_phone_is_a_transfer_target(livekit: L
         assert (await host.stop_call("phone")).status == 200
         records = await host.read_call("phone")
     transfers = events(records, "curb.transfer")
-    assert [(t["state"], t["identity"]) for t in transfers] == [("target_joined", "+15550199"), ("agent_resumed", "+15550199")]
+    assert [(t["state"], t["identity"]) for t in transfers] == [
+        ("target_joined", "+15550199"),
+        ("agent_resumed", "+15550199"),
+    ]
     assert events(records, "curb.messages")[0]["undeliveredToClient"] == {"notice": 1}
 
 
@@ -236,7 +265,9 @@ async def test_a_caller_that_leaves_ends_the_call_and_a_removed_agent_is_disconn
     livekit: LiveKitEnv, tmp_path: Path
 ) -> None:
     room = livekit.unique_room("gone")
-    async with open_runner(livekit, tmp_path / "journal.db", "--max-sessions", "2", agent=agent_spec("quiet")) as host:
+    async with open_runner(
+        livekit, tmp_path / "journal.db", "--max-sessions", "2", agent=agent_spec("quiet")
+    ) as host:
         async with livekit.peer("caller", room) as caller:
             await caller.request("publish_mic")
             assert (await host.start_call("left", room)).status == 202
@@ -265,11 +296,14 @@ async def test_a_request_with_no_agent_in_the_room_is_agent_unavailable(livekit:
         assert trio.current_time() - before < 5
 
 
-async def test_the_caller_talks_over_the_agent_and_its_voice_stops(livekit: LiveKitEnv, tmp_path: Path) -> None:
+async def test_the_caller_talks_over_the_agent_and_its_voice_stops(
+    livekit: LiveKitEnv, tmp_path: Path
+) -> None:
     room = livekit.unique_room("barge")
-    async with open_runner(livekit, tmp_path / "journal.db", agent=agent_spec("talker")) as host, livekit.peer(
-        "caller", room
-    ) as caller:
+    async with (
+        open_runner(livekit, tmp_path / "journal.db", agent=agent_spec("talker")) as host,
+        livekit.peer("caller", room) as caller,
+    ):
         await caller.request("publish_mic", rate=22_050)
         assert (await host.start_call("barge", room)).status == 202
         await caller.request("record", identity=AGENT_IDENTITY)
@@ -296,9 +330,10 @@ async def test_the_caller_talks_over_the_agent_and_its_voice_stops(livekit: Live
 
 async def test_a_typed_turn_on_lk_chat(livekit: LiveKitEnv, tmp_path: Path) -> None:
     room = livekit.unique_room("chat")
-    async with open_runner(livekit, tmp_path / "journal.db", agent=agent_spec("quiet")) as host, livekit.peer(
-        "caller", room
-    ) as caller:
+    async with (
+        open_runner(livekit, tmp_path / "journal.db", agent=agent_spec("quiet")) as host,
+        livekit.peer("caller", room) as caller,
+    ):
         assert (await host.start_call("chat", room)).status == 202
         await caller.request("wait_participant", identity=AGENT_IDENTITY)
         await caller.request("send_text", text="Who are you?", topic="lk.chat")
@@ -310,9 +345,12 @@ async def test_a_typed_turn_on_lk_chat(livekit: LiveKitEnv, tmp_path: Path) -> N
 
 async def test_the_runner_drains_on_sigterm_and_the_agent_leaves(livekit: LiveKitEnv, tmp_path: Path) -> None:
     room = livekit.unique_room("drain")
-    async with open_runner(
-        livekit, tmp_path / "journal.db", "--drain-grace-ms", "300", agent=agent_spec("quiet")
-    ) as host, livekit.peer("caller", room) as caller:
+    async with (
+        open_runner(
+            livekit, tmp_path / "journal.db", "--drain-grace-ms", "300", agent=agent_spec("quiet")
+        ) as host,
+        livekit.peer("caller", room) as caller,
+    ):
         assert (await host.start_call("drain", room)).status == 202
         await caller.request("wait_participant", identity=AGENT_IDENTITY)
         host.runner.signal(signal.SIGTERM)
@@ -332,9 +370,10 @@ async def test_a_lost_server_ends_the_call_and_the_runner_lives_on(tmp_path: Pat
     env = LiveKitEnv(server, tmp_path)
     try:
         room = env.unique_room("lost")
-        async with open_runner(env, tmp_path / "journal.db", agent=agent_spec("quiet")) as host, env.peer(
-            "caller", room
-        ) as caller:
+        async with (
+            open_runner(env, tmp_path / "journal.db", agent=agent_spec("quiet")) as host,
+            env.peer("caller", room) as caller,
+        ):
             assert (await host.start_call("lost", room)).status == 202
             await caller.request("wait_participant", identity=AGENT_IDENTITY)
             assert server.proc is not None
@@ -361,7 +400,12 @@ async def test_the_transport_alone(livekit: LiveKitEnv, tmp_path: Path) -> None:
                 [sys.executable, PROBE, "--url", livekit.url],
                 stdout=subprocess.PIPE,
                 stderr=stderr,
-                env=livekit.env({"LK_PROBE_TOKEN": livekit.token(AGENT_IDENTITY, room, agent=True), "PYTHONUNBUFFERED": "1"}),
+                env=livekit.env(
+                    {
+                        "LK_PROBE_TOKEN": livekit.token(AGENT_IDENTITY, room, agent=True),
+                        "PYTHONUNBUFFERED": "1",
+                    }
+                ),
                 cwd=str(REPO),
             )
         lines = ProbeLines(probe)
@@ -371,7 +415,13 @@ async def test_the_transport_alone(livekit: LiveKitEnv, tmp_path: Path) -> None:
             # The caller was there first: it is reported before the session is handed over.
             assert (joined["identity"], joined["room"], joined["reachable"]) == (AGENT_IDENTITY, room, "ok")
             participant = await lines.expect("participant")
-            assert participant == {**participant, "change": "joined", "identity": "caller", "kind": "caller", "reachable": "ok"}
+            assert participant == {
+                **participant,
+                "change": "joined",
+                "identity": "caller",
+                "kind": "caller",
+                "reachable": "ok",
+            }
             await caller.request("record", identity=AGENT_IDENTITY)
             await lines.expect("sent")
             text = await caller.expect("text_received", topic="curb.message")
@@ -398,7 +448,10 @@ async def test_the_transport_alone(livekit: LiveKitEnv, tmp_path: Path) -> None:
 
 async def tone_file(tmp_path: Path) -> Path:
     path = tmp_path / "tone.pcm"
-    path.write_bytes(bytes(48_000 * 2 // 2) + bytes(array("h", (8_000 if (i // 55) % 2 else -8_000 for i in range(48_000)))))
+    path.write_bytes(
+        bytes(48_000 * 2 // 2)
+        + bytes(array("h", (8_000 if (i // 55) % 2 else -8_000 for i in range(48_000))))
+    )
     return path
 
 
@@ -429,7 +482,9 @@ class ProbeLines:
                 await self._changed.wait()
 
 
-async def test_a_stop_with_grace_lets_the_agent_finish_its_sentence(livekit: LiveKitEnv, tmp_path: Path) -> None:
+async def test_a_stop_with_grace_lets_the_agent_finish_its_sentence(
+    livekit: LiveKitEnv, tmp_path: Path
+) -> None:
     room = livekit.unique_room("grace")
     async with open_runner(livekit, tmp_path / "journal.db") as host, livekit.peer("caller", room) as caller:
         assert (await host.start_call("grace", room)).status == 202
@@ -438,7 +493,9 @@ async def test_a_stop_with_grace_lets_the_agent_finish_its_sentence(livekit: Liv
         stopped = await host.stop_call("grace", reason="host_done", grace_ms=5000)
         assert stopped.status == 200
         gone = await caller.request("wait_gone", identity=AGENT_IDENTITY, within=10)
-        heard = await caller.request("wait_quiet", after=speaking["first_loud_at"] - 0.1, quiet_ms=300, within=5)
+        heard = await caller.request(
+            "wait_quiet", after=speaking["first_loud_at"] - 0.1, quiet_ms=300, within=5
+        )
         records = await host.read_call("grace")
     (greeting,) = turns(records, "assistant")
     assert greeting["text"] == "Hello there." and not greeting["interrupted"]

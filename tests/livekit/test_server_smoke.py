@@ -6,7 +6,6 @@ import json
 
 import pytest
 import trio
-
 from lk_harness import LiveKitEnv, PeerError
 
 pytestmark = pytest.mark.livekit
@@ -28,9 +27,7 @@ async def test_server_answers_http_inside_the_namespace(livekit: LiveKitEnv) -> 
 
 async def test_rpc_and_text_stream_between_two_participants(livekit: LiveKitEnv) -> None:
     room = livekit.unique_room("smoke")
-    async with livekit.peer("caller", room) as caller, livekit.peer(
-        "agent", room, agent=True
-    ) as agent:
+    async with livekit.peer("caller", room) as caller, livekit.peer("agent", room, agent=True) as agent:
         assert caller.info["room"] == room
         assert agent.info["kind"] == "PARTICIPANT_KIND_AGENT"
 
@@ -111,9 +108,7 @@ async def test_rpc_and_text_stream_between_two_participants(livekit: LiveKitEnv)
         await agent.request("register_text", topic="curb.message")
         await caller.request("register_text", topic="curb.message")
         text = "Hallo, Agent! ünïcödé ✓ " + "x" * 20_000  # several chunks
-        sent = await caller.request(
-            "send_text", text=text, topic="curb.message", attributes={"k": "v"}
-        )
+        sent = await caller.request("send_text", text=text, topic="curb.message", attributes={"k": "v"})
         got = await agent.expect("text_received", stream_id=sent["stream_id"])
         assert got["topic"] == "curb.message"
         assert got["sender"] == "caller"

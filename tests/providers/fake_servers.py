@@ -25,6 +25,7 @@ import attrs
 import hypercorn
 import hypercorn.trio
 import trio
+import trio.lowlevel
 
 _log = logging.getLogger("tests.fake_servers")
 
@@ -138,7 +139,7 @@ class _FakeService:
         )
         for chunk in reply.chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         if reply.cut:
             raise _CutConnection("scripted cut")
         if reply.stall:
@@ -167,9 +168,7 @@ async def open_fake_server(app: Any) -> AsyncIterator[str]:
 
 
 def _openai_error(status: int, message: str, kind: str, code: str | None = None) -> Reply:
-    return json_reply(
-        status, {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    )
+    return json_reply(status, {"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
 def _check_chat_body(body: Any) -> str | None:
@@ -197,8 +196,7 @@ def _check_chat_body(body: Any) -> str | None:
         elif role == "tool":
             if message.get("tool_call_id") not in open_calls:
                 return (
-                    "messages with role 'tool' must be a response to a preceeding message "
-                    "with 'tool_calls'"
+                    "messages with role 'tool' must be a response to a preceeding message with 'tool_calls'"
                 )
             if not isinstance(message.get("content"), str):
                 return f"messages[{i}].content must be a string"
@@ -255,9 +253,7 @@ class FakeOpenAI(_FakeService):
         if request.path == "/v1/audio/speech":
             body = request.json()
             if not body.get("input") or not body.get("voice") or not body.get("model"):
-                return _openai_error(
-                    400, "model, input and voice are required", "invalid_request_error"
-                )
+                return _openai_error(400, "model, input and voice are required", "invalid_request_error")
             return self.next_reply()
         if request.path == "/v1/audio/transcriptions":
             fields = _multipart(request.headers.get("content-type", ""), request.body)
@@ -305,9 +301,7 @@ def openai_events(chunks: Iterable[Mapping[str, Any] | str], *, done: bool = Tru
     return events
 
 
-def openai_usage(
-    prompt: int, completion: int, *, cached: int = 0, reasoning: int = 0
-) -> dict[str, Any]:
+def openai_usage(prompt: int, completion: int, *, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -317,9 +311,7 @@ def openai_usage(
     }
 
 
-def openai_text_chunks(
-    pieces: Sequence[str], *, usage: Mapping[str, Any] | None
-) -> list[dict[str, Any]]:
+def openai_text_chunks(pieces: Sequence[str], *, usage: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """The chunks of a plain text reply as the service streams it."""
     chunks = [openai_chunk({"role": "assistant", "content": "", "refusal": None})]
     chunks += [openai_chunk({"content": p}) for p in pieces]

@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 import trio
+import trio.lowlevel
 from fake_servers import Recorded, Reply, _FakeService, json_reply
 
 # ------------------------------------------------------------------------------------------
@@ -147,22 +148,18 @@ class FakeKugelAudio(_FakeService):
         if message["type"] != "websocket.receive":
             return
         request = json.loads(message.get("text") or "null")
-        self.sessions.append(
-            WsRecorded(path=scope["path"], query=query, headers=headers, request=request)
-        )
+        self.sessions.append(WsRecorded(path=scope["path"], query=query, headers=headers, request=request))
         if script is None:
             script = self._default_script(request)
         for i, frame in enumerate(script.frames):
             if i and script.gate is not None:
                 await script.gate.wait()
             await send({"type": "websocket.send", "text": json.dumps(frame)})
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         if script.crash:
             raise _Crash("scripted crash")
         if script.close_code is not None:
-            await send(
-                {"type": "websocket.close", "code": script.close_code, "reason": script.close_reason}
-            )
+            await send({"type": "websocket.close", "code": script.close_code, "reason": script.close_reason})
             return
         for _ in range(100):
             message = await receive()
@@ -176,9 +173,7 @@ class FakeKugelAudio(_FakeService):
             )
         if not isinstance(request.get("voice_id"), int):
             return WsScript(
-                frames=(
-                    {"error": "voice_id is required", "error_code": "MISSING_VOICE_ID", "code": 400},
-                )
+                frames=({"error": "voice_id is required", "error_code": "MISSING_VOICE_ID", "code": 400},)
             )
         rate = request.get("sample_rate", 24_000)
         text = request["text"].encode()
@@ -193,9 +188,7 @@ class FakeKugelAudio(_FakeService):
         )
 
 
-async def _ws_reject(
-    send: Any, status: int, headers: Sequence[tuple[str, str]], body: bytes
-) -> None:
+async def _ws_reject(send: Any, status: int, headers: Sequence[tuple[str, str]], body: bytes) -> None:
     await send(
         {
             "type": "websocket.http.response.start",

@@ -8,6 +8,7 @@ from contextlib import aclosing
 
 import pytest
 import trio
+import trio.lowlevel
 from fake_servers import (
     FakeAnthropic,
     anthropic_events,
@@ -61,15 +62,11 @@ def llm_for(fake: FakeAnthropic, key: str = KEY) -> AnthropicLLM:
     return AnthropicLLM("claude-sonnet-4-5", api_key=key, base_url=fake.base_url, max_tokens=256)
 
 
-async def collect(
-    llm: LLM, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()
-) -> list[LLMEvent]:
+async def collect(llm: LLM, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()) -> list[LLMEvent]:
     return [event async for event in llm.stream(messages, tools)]
 
 
-async def collect_until_error(
-    llm: LLM, messages: list[ChatMessage]
-) -> tuple[list[LLMEvent], ProviderError]:
+async def collect_until_error(llm: LLM, messages: list[ChatMessage]) -> tuple[list[LLMEvent], ProviderError]:
     seen: list[LLMEvent] = []
     with pytest.raises(ProviderError) as caught:
         async for event in llm.stream(messages):
@@ -284,13 +281,11 @@ async def test_listener_leaving_early_closes_the_stream(fake: FakeAnthropic) -> 
                 async for event in stream:
                     seen.append(event)
                     scope.cancel()
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
     assert seen == [TextDelta(text="First ")]
 
 
-async def test_key_from_the_environment(
-    fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_key_from_the_environment(fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     fake.enqueue(sse_reply(anthropic_events(anthropic_message(text_pieces=["ok"]))))
     llm = make_llm("anthropic", "claude-sonnet-4-5", base_url=fake.base_url)
@@ -341,9 +336,7 @@ async def test_thoughts_enable_thinking_and_stream_thought_deltas(fake: FakeAnth
 
 async def test_thinking_is_dropped_when_thoughts_were_not_asked(fake: FakeAnthropic) -> None:
     fake.enqueue(
-        sse_reply(
-            anthropic_events(anthropic_message(thinking_pieces=["hidden"], text_pieces=["Hi."]))
-        )
+        sse_reply(anthropic_events(anthropic_message(thinking_pieces=["hidden"], text_pieces=["Hi."])))
     )
     events = await collect(llm_for(fake), HELLO)
     assert [e for e in events if not isinstance(e, Usage)] == [TextDelta(text="Hi.")]

@@ -39,9 +39,7 @@ def tts_for(fake: FakeKugelAudio, voice: int | str = 268, **kwargs: object) -> K
 
 
 def tone(n: int, rate: int = 24_000) -> bytes:
-    return struct.pack(
-        f"<{n}h", *(int(8000 * math.sin(2 * math.pi * 440 * i / rate)) for i in range(n))
-    )
+    return struct.pack(f"<{n}h", *(int(8000 * math.sin(2 * math.pi * 440 * i / rate)) for i in range(n)))
 
 
 async def collect_until_error(tts: KugelAudioTTS, text: str) -> tuple[list[bytes], ProviderError]:
@@ -93,9 +91,7 @@ async def test_audio_arrives_before_the_stream_ends(fake: FakeKugelAudio) -> Non
 async def test_odd_sized_chunks_are_yielded_as_whole_samples(fake: FakeKugelAudio) -> None:
     pcm = tone(100)
     fake.script(
-        WsScript(
-            frames=(kugel_audio_frame(pcm[:51], 0), kugel_audio_frame(pcm[51:], 1), kugel_final(2))
-        )
+        WsScript(frames=(kugel_audio_frame(pcm[:51], 0), kugel_audio_frame(pcm[51:], 1), kugel_final(2)))
     )
     chunks = [c async for c in tts_for(fake).synthesize("Hi.")]
     assert all(len(c) % 2 == 0 for c in chunks)
@@ -155,9 +151,7 @@ async def test_error_frame_quoting_the_key_is_redacted(fake: FakeKugelAudio) -> 
         ({"error": "no voice", "error_code": "MISSING_VOICE_ID", "code": 400}, "provider_failed"),
     ],
 )
-async def test_error_frames_are_mapped(
-    fake: FakeKugelAudio, frame: dict[str, object], code: str
-) -> None:
+async def test_error_frames_are_mapped(fake: FakeKugelAudio, frame: dict[str, object], code: str) -> None:
     fake.script(WsScript(frames=(frame,)))
     _, error = await collect_until_error(tts_for(fake), "Hello.")
     assert error.code == code
@@ -204,9 +198,7 @@ async def test_silent_server_times_out(fake: FakeKugelAudio) -> None:
 
 async def test_leaving_early_closes_the_session(fake: FakeKugelAudio) -> None:
     gate = trio.Event()  # never set: the server would wait forever
-    fake.script(
-        WsScript(frames=(kugel_audio_frame(tone(8), 0), kugel_audio_frame(tone(8), 1)), gate=gate)
-    )
+    fake.script(WsScript(frames=(kugel_audio_frame(tone(8), 0), kugel_audio_frame(tone(8), 1)), gate=gate))
     with trio.fail_after(5):
         async with aclosing(tts_for(fake).synthesize("Hello.")) as stream:
             async for chunk in stream:

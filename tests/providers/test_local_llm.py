@@ -73,9 +73,7 @@ async def test_is_an_llm_named_as_local() -> None:
 async def test_greets_with_the_first_sentence_of_the_instructions() -> None:
     events = await collect(LocalLLM(), [SYSTEM])
     assert text_of(events) == "Hello, this is Acme Cycles."
-    assert events[-1] == Usage(
-        model="local", input_tokens=len(INSTRUCTIONS.split()), output_tokens=5
-    )
+    assert events[-1] == Usage(model="local", input_tokens=len(INSTRUCTIONS.split()), output_tokens=5)
 
 
 async def test_greets_with_a_fixed_greeting_when_the_instructions_do_not_open_with_one() -> None:
@@ -92,9 +90,7 @@ async def test_streams_a_few_words_per_delta_then_usage() -> None:
     events = await collect(LocalLLM(words_per_delta=2), user("When are your opening hours?"))
     deltas = [e for e in events if isinstance(e, TextDelta)]
     assert [d.text for d in deltas] == ["Our opening ", "hours are ", "9 to ", "5 on ", "weekdays."]
-    assert events[-1] == Usage(
-        model="local", input_tokens=len(INSTRUCTIONS.split()) + 5, output_tokens=9
-    )
+    assert events[-1] == Usage(model="local", input_tokens=len(INSTRUCTIONS.split()) + 5, output_tokens=9)
     assert len(events) == len(deltas) + 1
 
 
@@ -137,10 +133,7 @@ async def test_answers_from_the_instructions_or_echoes() -> None:
         "You said: Quantum chromodynamics."
     )
     # Without tools on offer, a tool's keyword is just words.
-    assert (
-        text_of(await collect(LocalLLM(), user("weather in Oslo"), ()))
-        == "You said: weather in Oslo."
-    )
+    assert text_of(await collect(LocalLLM(), user("weather in Oslo"), ())) == "You said: weather in Oslo."
 
 
 async def test_same_input_same_output() -> None:

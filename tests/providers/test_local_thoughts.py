@@ -14,12 +14,16 @@ WEATHER = ToolSpec(
 SYSTEM = ChatMessage(role="system", content="Breakfast is served from seven to eleven. Checkout is at noon.")
 
 
-async def _events(messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = (), **options: bool) -> list[object]:
+async def _events(
+    messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = (), **options: bool
+) -> list[object]:
     return [event async for event in LocalLLM().stream(messages, tools, **options)]
 
 
 async def test_a_tool_match_is_explained_before_the_call() -> None:
-    events = await _events([SYSTEM, ChatMessage(role="user", content="What is the weather in Oslo?")], (WEATHER,), thoughts=True)
+    events = await _events(
+        [SYSTEM, ChatMessage(role="user", content="What is the weather in Oslo?")], (WEATHER,), thoughts=True
+    )
     assert events[0] == ThoughtDelta(text="Looking at the tools: weather matches 'weather'.")
     assert isinstance(events[1], ToolCall) and events[1].arguments == {"city": "Oslo"}
     assert isinstance(events[-1], Usage) and events[-1].thought_tokens == 7

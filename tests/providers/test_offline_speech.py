@@ -100,8 +100,16 @@ async def test_espeak_instances_with_different_voices_can_run_at_once() -> None:
 @pytest.mark.parametrize(
     "voice",
     [
-        "en", "en-us", "EN-US", "de", "fr", "en+f3", "en-us+klatt3",
-        "English (America)", "gmw/en-US", "en-gb",
+        "en",
+        "en-us",
+        "EN-US",
+        "de",
+        "fr",
+        "en+f3",
+        "en-us+klatt3",
+        "English (America)",
+        "gmw/en-US",
+        "en-gb",
     ],
 )
 def test_espeak_accepts_its_voices(voice: str) -> None:
@@ -270,9 +278,7 @@ async def test_pocketsphinx_worker_process_ends_with_the_runner() -> None:
         "    print(await trio_parallel.run_sync(os.getpid), os.getpid(), repr(heard.text))\n"
         "trio.run(main)\n"
     )
-    done = await trio.run_process(
-        [sys.executable, "-c", script], capture_stdout=True, capture_stderr=True
-    )
+    done = await trio.run_process([sys.executable, "-c", script], capture_stdout=True, capture_stderr=True)
     worker, runner, _ = done.stdout.decode().split(maxsplit=2)
     assert worker != runner  # decoded in another process...
     assert done.stderr == b""

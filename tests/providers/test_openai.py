@@ -11,6 +11,7 @@ from contextlib import aclosing
 import httpx
 import pytest
 import trio
+import trio.lowlevel
 from fake_servers import (
     FakeOpenAI,
     Reply,
@@ -69,15 +70,11 @@ def llm_for(fake: FakeOpenAI, http: httpx.AsyncClient | None = None) -> OpenAILL
     return OpenAILLM("gpt-4o-mini", api_key=KEY, base_url=fake.base_url, http=http)
 
 
-async def collect(
-    llm: LLM, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()
-) -> list[LLMEvent]:
+async def collect(llm: LLM, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()) -> list[LLMEvent]:
     return [event async for event in llm.stream(messages, tools)]
 
 
-async def collect_until_error(
-    llm: LLM, messages: list[ChatMessage]
-) -> tuple[list[LLMEvent], ProviderError]:
+async def collect_until_error(llm: LLM, messages: list[ChatMessage]) -> tuple[list[LLMEvent], ProviderError]:
     seen: list[LLMEvent] = []
     with pytest.raises(ProviderError) as caught:
         async for event in llm.stream(messages):
@@ -98,9 +95,7 @@ def assert_secret_free(error: BaseException, secret: str) -> None:
 
 async def test_streams_text_then_usage(fake: FakeOpenAI) -> None:
     usage = openai_usage(21, 3, cached=5, reasoning=1)
-    fake.enqueue(
-        sse_reply(openai_events(openai_text_chunks(["Hel", "lo", " there."], usage=usage)))
-    )
+    fake.enqueue(sse_reply(openai_events(openai_text_chunks(["Hel", "lo", " there."], usage=usage))))
     events = await collect(llm_for(fake), HELLO)
     assert events == [
         TextDelta(text="Hel"),
@@ -136,15 +131,11 @@ async def test_tool_call_arguments_split_across_deltas(fake: FakeOpenAI) -> None
         openai_chunk({"role": "assistant", "content": None}),
         openai_chunk({"content": "Checking."}),
         openai_chunk(
-            call_delta(
-                0, id="call_A", type="function", function={"name": "get_weather", "arguments": ""}
-            )
+            call_delta(0, id="call_A", type="function", function={"name": "get_weather", "arguments": ""})
         ),
         openai_chunk(call_delta(0, function={"arguments": '{"ci'})),
         openai_chunk(
-            call_delta(
-                1, id="call_B", type="function", function={"name": "get_weather", "arguments": ""}
-            )
+            call_delta(1, id="call_B", type="function", function={"name": "get_weather", "arguments": ""})
         ),
         openai_chunk(call_delta(0, function={"arguments": 'ty": "Par'})),
         openai_chunk(call_delta(1, function={"arguments": '{"city": "Oslo", "days": 3}'})),
@@ -173,9 +164,7 @@ async def test_tool_call_arguments_split_across_deltas(fake: FakeOpenAI) -> None
 
 
 async def test_tool_results_are_sent_back_in_the_wire_shape(fake: FakeOpenAI) -> None:
-    fake.enqueue(
-        sse_reply(openai_events(openai_text_chunks(["Sunny in Paris."], usage=openai_usage(60, 4))))
-    )
+    fake.enqueue(sse_reply(openai_events(openai_text_chunks(["Sunny in Paris."], usage=openai_usage(60, 4)))))
     call = ToolCall(id="call_A", name="get_weather", arguments={"city": "Paris"})
     messages = [
         ChatMessage(role="system", content="Be brief."),
@@ -240,9 +229,7 @@ async def test_rate_limited_is_retryable_and_notes_retry_after(fake: FakeOpenAI)
 
 
 async def test_server_error_is_retryable_provider_failed(fake: FakeOpenAI) -> None:
-    fake.enqueue(
-        json_reply(500, {"error": {"message": "The server had an error", "type": "server_error"}})
-    )
+    fake.enqueue(json_reply(500, {"error": {"message": "The server had an error", "type": "server_error"}}))
     with pytest.raises(ProviderError) as caught:
         await collect(llm_for(fake), HELLO)
     assert (caught.value.code, caught.value.retryable) == ("provider_failed", True)
@@ -320,7 +307,7 @@ async def test_listener_leaving_early_closes_the_stream(fake: FakeOpenAI) -> Non
                 async for event in events:
                     seen.append(event)
                     scope.cancel()
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
     assert seen == [TextDelta(text="First ")]
     assert scope.cancelled_caught
     assert len(fake.requests) == 2
@@ -359,9 +346,7 @@ async def test_compatible_endpoint_uses_only_its_own_key(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-must-not-travel")
     monkeypatch.setenv("LOCAL_LLM_KEY", KEY)
     fake.enqueue(sse_reply(openai_events(openai_text_chunks(["ok"], usage=openai_usage(1, 1)))))
-    llm = make_llm(
-        "openai-compatible", "llama-3", base_url=fake.base_url, api_key_env="LOCAL_LLM_KEY"
-    )
+    llm = make_llm("openai-compatible", "llama-3", base_url=fake.base_url, api_key_env="LOCAL_LLM_KEY")
     assert (llm.provider, llm.model) == ("openai-compatible", "llama-3")
     assert text_of(await collect(llm, HELLO)) == "ok"
     assert fake.requests[0].headers["authorization"] == f"Bearer {KEY}"
@@ -375,10 +360,7 @@ async def test_compatible_endpoint_uses_only_its_own_key(
 
 async def test_shared_client_is_reused_and_left_open(fake: FakeOpenAI) -> None:
     fake.enqueue(
-        *(
-            sse_reply(openai_events(openai_text_chunks([f"r{i}"], usage=openai_usage(1, 1))))
-            for i in range(2)
-        )
+        *(sse_reply(openai_events(openai_text_chunks([f"r{i}"], usage=openai_usage(1, 1)))) for i in range(2))
     )
     async with httpx.AsyncClient() as http:
         llm = llm_for(fake, http=http)
@@ -421,8 +403,7 @@ def test_make_llm_openai_and_errors() -> None:
 
 def tone(samples: int) -> bytes:
     return b"".join(
-        struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / 24_000)))
-        for i in range(samples)
+        struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / 24_000))) for i in range(samples)
     )
 
 
@@ -449,9 +430,7 @@ async def test_tts_streams_whole_samples(fake: FakeOpenAI) -> None:
 
 async def test_tts_cut_mid_body_yields_then_raises(fake: FakeOpenAI) -> None:
     pcm = tone(100)
-    fake.enqueue(
-        Reply(headers=(("content-type", "audio/pcm"),), chunks=(pcm[:40], pcm[40:81]), cut=True)
-    )
+    fake.enqueue(Reply(headers=(("content-type", "audio/pcm"),), chunks=(pcm[:40], pcm[40:81]), cut=True))
     tts = OpenAITTS(api_key=KEY, base_url=fake.base_url)
     received = []
     with pytest.raises(ProviderError) as caught:

@@ -69,8 +69,16 @@ def test_quotes_and_brackets_stay_with_their_sentence() -> None:
 
 def test_very_short_sentences_are_joined_to_the_next() -> None:
     # Under min_chars a piece would be a choppy burst of speech: it waits for more text.
-    assert pieces_of("Hi. Ok. Sure thing, here you go. Yes.", step=4) == ["Hi. Ok. Sure thing, here you go.", "Yes."]
-    assert pieces_of("Hi. Ok. Sure thing, here you go. Yes.", min_chars=1) == ["Hi.", "Ok.", "Sure thing, here you go.", "Yes."]
+    assert pieces_of("Hi. Ok. Sure thing, here you go. Yes.", step=4) == [
+        "Hi. Ok. Sure thing, here you go.",
+        "Yes.",
+    ]
+    assert pieces_of("Hi. Ok. Sure thing, here you go. Yes.", min_chars=1) == [
+        "Hi.",
+        "Ok.",
+        "Sure thing, here you go.",
+        "Yes.",
+    ]
 
 
 def test_a_long_sentence_is_cut_at_its_last_soft_break() -> None:

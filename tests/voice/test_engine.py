@@ -55,7 +55,9 @@ class ScriptedLLM:
         self.closed = 0
         self.finished = 0
 
-    async def stream(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()) -> AsyncGenerator[LLMEvent, None]:
+    async def stream(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+    ) -> AsyncGenerator[LLMEvent, None]:
         self.requests.append((list(messages), list(tools)))
         steps = self._rounds.pop(0) if self._rounds else ["(no more script)"]
         try:
@@ -128,7 +130,9 @@ async def _no_tool(call: ToolCall) -> ToolOutcome:
     return ToolOutcome(ok=False, error="no tools here")
 
 
-def _plan(llm: Any, tts: Any, *, tools: Sequence[ToolSpec] = (), run_tool: Any = _no_tool, max_tool_rounds: int = 4) -> TurnPlan:
+def _plan(
+    llm: Any, tts: Any, *, tools: Sequence[ToolSpec] = (), run_tool: Any = _no_tool, max_tool_rounds: int = 4
+) -> TurnPlan:
     return TurnPlan(
         llm=llm,
         tts=tts,
@@ -151,7 +155,9 @@ async def test_the_first_sentence_is_audio_before_the_model_writes_the_next() ->
     first_audio = trio.Event()
     # The model will not write its second sentence until the first one has been heard: an
     # engine that waited for the whole reply before speaking would stall here forever.
-    llm = ScriptedLLM(["Hello there, my friend. ", first_audio, "The second sentence is a little longer. ", "And a third."])
+    llm = ScriptedLLM(
+        ["Hello there, my friend. ", first_audio, "The second sentence is a little longer. ", "And a third."]
+    )
     emit = Recorder()
     emit.hooks.append(lambda e: first_audio.set() if isinstance(e, AudioData) and e.chunk == 0 else None)
     turn = Turn(_plan(llm, EspeakTTS("en-us")), [], emit)
@@ -168,7 +174,11 @@ async def test_the_first_sentence_is_audio_before_the_model_writes_the_next() ->
         (1, "The second sentence is a little longer."),
         (2, "And a third."),
     ]
-    assert [(s.chunk, s.sample_rate_hz) for s in emit.of(AudioStart)] == [(0, 22_050), (1, 22_050), (2, 22_050)]
+    assert [(s.chunk, s.sample_rate_hz) for s in emit.of(AudioStart)] == [
+        (0, 22_050),
+        (1, 22_050),
+        (2, 22_050),
+    ]
     ends = emit.of(AudioEnd)
     assert [e.chunk for e in ends] == [0, 1, 2]
     for end in ends:
@@ -178,14 +188,21 @@ async def test_the_first_sentence_is_audio_before_the_model_writes_the_next() ->
     assert result.chunks_spoken == 3
     assert isinstance(emit.events[0], TurnStarted) and isinstance(emit.events[-1], TurnFinished)
     assert emit.events[-1].result == result
-    assert [u.usage for u in emit.of(UsageReported)] == list(result.usage) == [Usage(model="scripted-1", input_tokens=2, output_tokens=4)]
+    assert (
+        [u.usage for u in emit.of(UsageReported)]
+        == list(result.usage)
+        == [Usage(model="scripted-1", input_tokens=2, output_tokens=4)]
+    )
     timings = result.timings
     assert timings.model_first_text_ms is not None and timings.first_audio_sent_ms is not None
     assert 0 <= timings.model_first_text_ms <= timings.first_audio_sent_ms <= timings.total_ms
 
 
 async def test_a_reply_goes_into_the_history_with_the_users_words() -> None:
-    history: list[ChatMessage] = [ChatMessage(role="user", content="Earlier."), ChatMessage(role="assistant", content="Before.")]
+    history: list[ChatMessage] = [
+        ChatMessage(role="user", content="Earlier."),
+        ChatMessage(role="assistant", content="Before."),
+    ]
     llm = ScriptedLLM(["Sure thing, here it is."])
     turn = Turn(_plan(llm, None), history, Recorder())
     await _run(turn, "Now please.")
@@ -196,7 +213,10 @@ async def test_a_reply_goes_into_the_history_with_the_users_words() -> None:
         ("assistant", "Before."),
         ("user", "Now please."),
     ]
-    assert [(m.role, m.content) for m in history[-2:]] == [("user", "Now please."), ("assistant", "Sure thing, here it is.")]
+    assert [(m.role, m.content) for m in history[-2:]] == [
+        ("user", "Now please."),
+        ("assistant", "Sure thing, here it is."),
+    ]
 
 
 # -- cancel, mute ---------------------------------------------------------------------------------
@@ -226,7 +246,9 @@ async def test_cancel_while_speaking_stops_the_audio_and_closes_it() -> None:
     llm = ScriptedLLM(["A first sentence that takes a while to say, with many words in it. ", FOREVER])
     emit = Recorder()
     turn = Turn(_plan(llm, EspeakTTS("en-us")), [], emit)
-    emit.hooks.append(lambda e: turn.cancel("barge_in") if isinstance(e, AudioData) and e.chunk == 0 else None)
+    emit.hooks.append(
+        lambda e: turn.cancel("barge_in") if isinstance(e, AudioData) and e.chunk == 0 else None
+    )
 
     result = await _run(turn)
 
@@ -307,7 +329,9 @@ async def test_a_voice_that_fails_mid_sentence_closes_its_audio() -> None:
 
 
 async def test_a_model_that_fails_mid_reply_ends_interrupted_with_its_code() -> None:
-    llm = ScriptedLLM(["Half a reply. ", ProviderError("provider_failed", "OpenAI cut the connection (ReadError)")])
+    llm = ScriptedLLM(
+        ["Half a reply. ", ProviderError("provider_failed", "OpenAI cut the connection (ReadError)")]
+    )
     emit = Recorder()
     result = await _run(Turn(_plan(llm, None), [], emit))
 
@@ -321,7 +345,11 @@ async def test_a_model_that_fails_mid_reply_ends_interrupted_with_its_code() -> 
 
 # -- tools ----------------------------------------------------------------------------------------
 
-LOOKUP = ToolSpec(name="lookup", description="Look something up.", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+LOOKUP = ToolSpec(
+    name="lookup",
+    description="Look something up.",
+    parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+)
 
 
 async def test_tool_rounds_run_tools_and_feed_results_back() -> None:
@@ -422,7 +450,9 @@ async def test_max_tool_rounds_bounds_the_tool_calls_a_model_can_make(max_rounds
         ran.append(c.id)
         return ToolOutcome(ok=True, result="ok")
 
-    result = await _run(Turn(_plan(llm, None, tools=[LOOKUP], run_tool=run_tool, max_tool_rounds=max_rounds), [], Recorder()))
+    result = await _run(
+        Turn(_plan(llm, None, tools=[LOOKUP], run_tool=run_tool, max_tool_rounds=max_rounds), [], Recorder())
+    )
 
     assert [len(tools) for _, tools in llm.requests] == [1] * max_rounds + [0]
     assert len(ran) <= max_rounds

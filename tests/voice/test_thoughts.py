@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 
 import trio
+from test_engine import Recorder, ScriptedLLM
 
 from runner.providers import ChatMessage, LLMEvent, LocalLLM, TextDelta, ToolCall, ToolSpec, Usage
 from runner.providers._types import ThoughtDelta
 from runner.voice.engine import ReplyChunk, ReplyDelta, Thought, ToolOutcome, Turn, TurnPlan, UsageReported
-
-from test_engine import Recorder, ScriptedLLM
 
 WEATHER = ToolSpec(
     name="weather",
@@ -68,7 +67,10 @@ async def test_thoughts_come_before_the_text_and_are_not_the_reply() -> None:
     assert all(recorder.events.index(t) < first_text for t in recorder.of(Thought))
     assert result.text == "Hello there."
     assert [c.text for c in recorder.of(ReplyChunk)] == ["Hello there."]
-    assert history == [ChatMessage(role="user", content="Hi."), ChatMessage(role="assistant", content="Hello there.")]
+    assert history == [
+        ChatMessage(role="user", content="Hi."),
+        ChatMessage(role="assistant", content="Hello there."),
+    ]
     assert recorder.of(UsageReported)[0].usage.thought_tokens == 7
 
 

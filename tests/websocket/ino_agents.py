@@ -107,17 +107,32 @@ knowing.app_tool(
 )
 
 # Searches its knowledge only when the model calls the platform's search tool.
-searching = Agent("ino-searching", instructions=INSTRUCTIONS, llm=LLM(provider="local", model="local"), knowledge="tool")
+searching = Agent(
+    "ino-searching", instructions=INSTRUCTIONS, llm=LLM(provider="local", model="local"), knowledge="tool"
+)
 
 # Knowledge entries for both (``runner knowledge load``).
 KNOWLEDGE = [
-    {"entry_id": "pool", "title": "Rooftop pool", "text": "The rooftop pool is open from eight in the morning to ten at night."},
-    {"entry_id": "parking", "title": "Parking", "text": "Guests park in the garage under the hotel for fifteen euros a night."},
+    {
+        "entry_id": "pool",
+        "title": "Rooftop pool",
+        "text": "The rooftop pool is open from eight in the morning to ten at night.",
+    },
+    {
+        "entry_id": "parking",
+        "title": "Parking",
+        "text": "Guests park in the garage under the hotel for fifteen euros a night.",
+    },
 ]
 
 # Sends thinking summaries to a client that asks for them (the local model's are the rule it
 # followed). Text only; the same weather tool as ``speaking``.
-thinking = Agent("ino-thinking", instructions=INSTRUCTIONS, llm=LLM(provider="local", model="local"), thinking_summaries="auto")
+thinking = Agent(
+    "ino-thinking",
+    instructions=INSTRUCTIONS,
+    llm=LLM(provider="local", model="local"),
+    thinking_summaries="auto",
+)
 
 
 @thinking.tool(name="weather")

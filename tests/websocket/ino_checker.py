@@ -57,7 +57,9 @@ TURN_FRAMES = frozenset(
         "interrupted",
     }
 )
-REPLY_FRAMES = frozenset({"knowledge", "mood", "thought.delta", "text.delta", "text.chunk", "tool.start", "audio.start", "usage"})
+REPLY_FRAMES = frozenset(
+    {"knowledge", "mood", "thought.delta", "text.delta", "text.chunk", "tool.start", "audio.start", "usage"}
+)
 
 
 class ProtocolViolation(AssertionError):
@@ -222,7 +224,10 @@ class FrameChecker:
             if frame["bytes"] != count:
                 self.fail(f"audio.end counts {frame['bytes']} bytes; the window carried {count}", frame)
             if abs(frame["audio_seconds"] - count / 2 / rate) > 0.002:
-                self.fail(f"audio.end says {frame['audio_seconds']} s; {count} bytes at {rate} Hz are {count / 2 / rate:.3f} s", frame)
+                self.fail(
+                    f"audio.end says {frame['audio_seconds']} s; {count} bytes at {rate} Hz are {count / 2 / rate:.3f} s",
+                    frame,
+                )
             if count:
                 turn.spoken += 1
             self.window = None
@@ -249,7 +254,10 @@ class FrameChecker:
                 self.fail(f"{kind}.message is not the text deltas joined ({turn.text!r})", frame)
             if kind == "turn.done":
                 if frame["chunks_spoken"] != turn.spoken:
-                    self.fail(f"chunks_spoken {frame['chunks_spoken']} but {turn.spoken} windows carried audio", frame)
+                    self.fail(
+                        f"chunks_spoken {frame['chunks_spoken']} but {turn.spoken} windows carried audio",
+                        frame,
+                    )
                 if turn.heard is not None and frame["heard"] != turn.heard:
                     self.fail("turn.done.heard is not the heard text", frame)
                 if frame["session_id"] is None:

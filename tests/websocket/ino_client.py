@@ -54,11 +54,15 @@ class Addresses:
 
 
 def public_address(stderr: list[str]) -> str | None:
-    return next((line.removeprefix(PUBLIC_LINE).strip() for line in stderr if line.startswith(PUBLIC_LINE)), None)
+    return next(
+        (line.removeprefix(PUBLIC_LINE).strip() for line in stderr if line.startswith(PUBLIC_LINE)), None
+    )
 
 
 @asynccontextmanager
-async def start_ino_runner(journal: Path, *extra: str, agent: str = "speaking") -> AsyncIterator[tuple[RunnerProcess, Addresses]]:
+async def start_ino_runner(
+    journal: Path, *extra: str, agent: str = "speaking"
+) -> AsyncIterator[tuple[RunnerProcess, Addresses]]:
     """A ``runner serve`` process of one of ``ino_agents``; its two addresses once ready."""
     async with start_runner(journal, *extra, agent=agent_ref(agent), env=RUNNER_ENV) as runner:
         address = public_address(runner.stderr)
@@ -71,11 +75,23 @@ class BackgroundRunner:
 
     def __init__(self, journal: Path, *extra: str, agent: str = "speaking") -> None:
         argv = [
-            sys.executable, "-m", "runner", "serve", agent_ref(agent),
-            "--address", "127.0.0.1:0", "--public-address", "127.0.0.1:0", "--journal", str(journal), *extra,
+            sys.executable,
+            "-m",
+            "runner",
+            "serve",
+            agent_ref(agent),
+            "--address",
+            "127.0.0.1:0",
+            "--public-address",
+            "127.0.0.1:0",
+            "--journal",
+            str(journal),
+            *extra,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **RUNNER_ENV}
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+        )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         self._pumps = [
@@ -90,7 +106,9 @@ class BackgroundRunner:
                 self.stop()
                 raise RuntimeError("the runner did not get ready:\n" + "\n".join(self.stderr[-30:]))
             time.sleep(0.05)
-        ready = json.loads(next(line for line in self.stdout if line.startswith(READY_PREFIX)).removeprefix("curb-hosted "))
+        ready = json.loads(
+            next(line for line in self.stdout if line.startswith(READY_PREFIX)).removeprefix("curb-hosted ")
+        )
         public = public_address(self.stderr)
         assert public is not None
         self.addresses = Addresses(management=ready["address"], public=public)
@@ -130,7 +148,9 @@ class Api:
         headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         return httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=15)
 
-    async def request(self, method: str, path: str, *, bearer: str | None, json_body: Any = None) -> httpx.Response:
+    async def request(
+        self, method: str, path: str, *, bearer: str | None, json_body: Any = None
+    ) -> httpx.Response:
         async with self._client(bearer) as client:
             return await client.request(method, path, json=json_body)
 
@@ -195,7 +215,9 @@ class InoSocket:
                 raise Closed(exc.reason.code, exc.reason.reason) from None
         return self.checker.feed(message)
 
-    async def until(self, stop: Callable[[dict[str, Any]], bool], timeout: float = FRAME_TIMEOUT_S) -> list[dict[str, Any]]:
+    async def until(
+        self, stop: Callable[[dict[str, Any]], bool], timeout: float = FRAME_TIMEOUT_S
+    ) -> list[dict[str, Any]]:
         """JSON frames up to and including the first for which ``stop`` holds."""
         got: list[dict[str, Any]] = []
         with trio.fail_after(timeout):

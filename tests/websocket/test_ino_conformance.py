@@ -23,7 +23,9 @@ def types(frames: list[dict[str, Any]]) -> list[str]:
     return [f["type"] for f in frames]
 
 
-async def _closed_with(addresses: Addresses, session_id: str | None, *frames: str | bytes, subprotocols: list[str] | None = None) -> tuple[int | None, str | None]:
+async def _closed_with(
+    addresses: Addresses, session_id: str | None, *frames: str | bytes, subprotocols: list[str] | None = None
+) -> tuple[int | None, str | None]:
     async with open_socket(addresses, session_id, subprotocols=subprotocols) as sock:
         for frame in frames:
             await sock.send_raw(frame)
@@ -78,13 +80,21 @@ async def test_4001_when_no_auth_comes_within_10_seconds(speaking: Addresses) ->
 
 
 async def test_4001_when_another_frame_comes_first(speaking: Addresses) -> None:
-    assert await _closed_with(speaking, "s1", json.dumps({"type": "ping"})) == (4001, "the first frame must be auth, not ping")
-    assert await _closed_with(speaking, "s1", b"\x00\x01") == (4001, "the first frame must be auth, not audio")
+    assert await _closed_with(speaking, "s1", json.dumps({"type": "ping"})) == (
+        4001,
+        "the first frame must be auth, not ping",
+    )
+    assert await _closed_with(speaking, "s1", b"\x00\x01") == (
+        4001,
+        "the first frame must be auth, not audio",
+    )
 
 
 async def test_4009_when_the_url_and_the_auth_frame_name_different_sessions(speaking: Addresses) -> None:
     token, session_id = await speaking.api().person()
-    code, reason = await _closed_with(speaking, session_id, json.dumps({"type": "auth", "key": token, "session_id": "other"}))
+    code, reason = await _closed_with(
+        speaking, session_id, json.dumps({"type": "auth", "key": token, "session_id": "other"})
+    )
     assert (code, reason) == (4009, "the session_id of the URL and of the auth frame differ")
 
 
@@ -113,19 +123,28 @@ async def test_4009_for_an_auth_frame_with_a_wrong_field_or_too_many_tools(speak
     token, session_id = await speaking.api().person()
     extra = json.dumps({"type": "auth", "key": token, "session_id": session_id, "token": token})
     assert await _closed_with(speaking, session_id, extra) == (4009, "auth takes no field 'token'")
-    tools = json.dumps({"type": "auth", "key": token, "session_id": session_id, "tools": [f"t{i}" for i in range(51)]})
+    tools = json.dumps(
+        {"type": "auth", "key": token, "session_id": session_id, "tools": [f"t{i}" for i in range(51)]}
+    )
     assert await _closed_with(speaking, session_id, tools) == (4009, "auth.tools may name at most 50")
-    assert await _closed_with(speaking, None, json.dumps({"type": "auth", "key": token, "session_id": session_id})) == (
+    assert await _closed_with(
+        speaking, None, json.dumps({"type": "auth", "key": token, "session_id": session_id})
+    ) == (
         4009,
         "the URL names no session_id",
     )
     # Fifty is allowed; tools the agent does not have are simply not offered.
-    async with connect(speaking, token, session_id, tools=[f"t{i}" for i in range(49)] + ["open_page"]) as sock:
+    async with connect(
+        speaking, token, session_id, tools=[f"t{i}" for i in range(49)] + ["open_page"]
+    ) as sock:
         assert sock.ready["type"] == "ready"
 
 
 async def test_4009_without_the_ino_v2_subprotocol(speaking: Addresses) -> None:
-    assert await _closed_with(speaking, "s", subprotocols=["chat"]) == (4009, "the subprotocol must be ino.v2")
+    assert await _closed_with(speaking, "s", subprotocols=["chat"]) == (
+        4009,
+        "the subprotocol must be ino.v2",
+    )
 
 
 async def test_4002_for_an_api_key_or_an_invalid_token(speaking: Addresses) -> None:
@@ -145,7 +164,10 @@ async def test_4003_for_an_expired_token(speaking: Addresses) -> None:
     token, session_id = await api.person(ttl_seconds=1)
     await trio.sleep(1.2)
     frame = json.dumps({"type": "auth", "key": token, "session_id": session_id})
-    assert await _closed_with(speaking, session_id, frame) == (4003, "this token has expired: mint another and reconnect")
+    assert await _closed_with(speaking, session_id, frame) == (
+        4003,
+        "this token has expired: mint another and reconnect",
+    )
     # The REST answers the same token with 401.
     answer = await api.request("POST", "/v1/agent/sessions", bearer=token, json_body={})
     assert (answer.status_code, answer.json()) == (401, {"error": "unauthorized"})
@@ -188,10 +210,17 @@ async def test_4008_for_an_unknown_a_deleted_or_another_persons_conversation(spe
 async def test_4014_for_a_fourth_connection_of_one_end_user(speaking: Addresses) -> None:
     api = speaking.api()
     sessions = [await api.person("eu-4014") for _ in range(4)]
-    async with connect(speaking, *sessions[0]), connect(speaking, *sessions[1]), connect(speaking, *sessions[2]):
+    async with (
+        connect(speaking, *sessions[0]),
+        connect(speaking, *sessions[1]),
+        connect(speaking, *sessions[2]),
+    ):
         token, session_id = sessions[3]
         frame = json.dumps({"type": "auth", "key": token, "session_id": session_id})
-        assert await _closed_with(speaking, session_id, frame) == (4014, "this end user already has 3 open connections")
+        assert await _closed_with(speaking, session_id, frame) == (
+            4014,
+            "this end user already has 3 open connections",
+        )
     # Once one closed, the person may connect again.
     async with connect(speaking, *sessions[3]) as sock:
         assert sock.ready["end_user_id"] == "eu-4014"
@@ -210,7 +239,12 @@ async def test_user_message_takes_a_typed_turn_in_the_documented_order(speaking:
         done = frames[-1]
         assert done["message"] == "Breakfast is served from seven to eleven in the garden room."
         assert done["model"] == "local" and done["input_tokens"] > 0 and done["output_tokens"] == 11
-        assert done["heard"] is None and done["heard_seconds"] is None and done["tool_calls"] == [] and done["sources"] == []
+        assert (
+            done["heard"] is None
+            and done["heard_seconds"] is None
+            and done["tool_calls"] == []
+            and done["sources"] == []
+        )
         assert done["truncated"] is False and done["mood"] is None and done["mood_intensity"] is None
         assert done["chunks_spoken"] == 1
         timings = done["timings"]
@@ -227,7 +261,10 @@ async def test_user_message_limits_and_speech_off(speaking: Addresses) -> None:
     async with connect(speaking, token, session_id) as sock:
         await sock.send("user_message", text="")
         error = (await sock.until_type("error"))[-1]
-        assert error["code"] == "validation_failed" and error["message"] == "user_message.text must be 1 to 32000 characters"
+        assert (
+            error["code"] == "validation_failed"
+            and error["message"] == "user_message.text must be 1 to 32000 characters"
+        )
         await sock.send("user_message", text="x" * 32_001)
         assert (await sock.until_type("error"))[-1]["code"] == "validation_failed"
         # 32,000 characters is a turn; speech false is a turn with no audio; thoughts is accepted.
@@ -251,7 +288,9 @@ async def test_ping_is_answered_with_pong_without_a_seq(speaking: Addresses) -> 
         sock.checker.finish()
 
 
-async def test_cancel_ends_the_turn_interrupted_and_a_message_sent_while_it_unwinds_is_held(speaking: Addresses) -> None:
+async def test_cancel_ends_the_turn_interrupted_and_a_message_sent_while_it_unwinds_is_held(
+    speaking: Addresses,
+) -> None:
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id, tools=["open_page"]) as sock:
         await sock.send("user_message", text="Please open page spa")
@@ -289,13 +328,19 @@ async def test_mute_stops_the_voice_and_the_turn_still_finishes(speaking: Addres
         await sock.send("user_message", text="Please open page spa")
         call = (await sock.until_type("tool.call"))[-1]
         await sock.send("mute")
-        await sock.send("tool.result", call_id=call["call_id"], result="The spa page is open. It shows the prices. It shows the hours.")
+        await sock.send(
+            "tool.result",
+            call_id=call["call_id"],
+            result="The spa page is open. It shows the prices. It shows the hours.",
+        )
         frames = await sock.turn_end()
         kinds = types(frames)
         assert kinds[-2:] == ["muted", "turn.done"]
         assert "audio.start" not in kinds and kinds.count("text.chunk") == 3
         done = frames[-1]
-        assert done["chunks_spoken"] == 0 and done["message"].startswith("Here is what I found: The spa page is open.")
+        assert done["chunks_spoken"] == 0 and done["message"].startswith(
+            "Here is what I found: The spa page is open."
+        )
         # Mute applies to that turn only: the next one speaks.
         after = await sock.say("When is checkout?")
         assert "muted" not in types(after) and after[-1]["chunks_spoken"] == 1
@@ -322,7 +367,9 @@ async def test_mute_while_speaking_answers_muted_after_the_last_audio_end(speaki
 
 async def test_tool_result_answers_an_app_tool_call(speaking: Addresses) -> None:
     token, session_id = await speaking.api().person()
-    async with connect(speaking, token, session_id, tools=["open_page", "check_booking", "vibrate_phone"]) as sock:
+    async with connect(
+        speaking, token, session_id, tools=["open_page", "check_booking", "vibrate_phone"]
+    ) as sock:
         await sock.send("user_message", text="Please open page spa")
         frames = await sock.until_type("tool.call")
         call = frames[-1]
@@ -371,7 +418,11 @@ async def test_tool_result_answers_an_app_tool_call(speaking: Addresses) -> None
         assert (call["name"], call["timeout_ms"]) == ("check_booking", 400)
         frames = await sock.turn_end()
         record = frames[-1]["tool_calls"][0]
-        assert record["ok"] is False and record["error"] == "the app did not answer within 400 ms" and record["ms"] >= 400
+        assert (
+            record["ok"] is False
+            and record["error"] == "the app did not answer within 400 ms"
+            and record["ms"] >= 400
+        )
         await sock.send("tool.result", call_id=call["call_id"], result="too late")
         # An action_only call is not waited for.
         frames = await sock.say("Vibrate the phone")
@@ -396,12 +447,18 @@ async def test_a_tools_filler_line_is_said_between_tool_start_and_tool_end(speak
         kinds = types(frames)
         start, end = kinds.index("tool.start"), kinds.index("tool.end")
         # Its words are part of the reply once the tool starts; the voice says them as it reaches them.
-        assert [f["text"] for f in frames[start:end] if f["type"] == "text.delta"] == ["One moment, I am calling the front desk."]
-        (said,) = [f for f in frames[start:] if f["type"] == "text.chunk" and f["text"].startswith("One moment")]
+        assert [f["text"] for f in frames[start:end] if f["type"] == "text.delta"] == [
+            "One moment, I am calling the front desk."
+        ]
+        (said,) = [
+            f for f in frames[start:] if f["type"] == "text.chunk" and f["text"].startswith("One moment")
+        ]
         assert said["text"] == "One moment, I am calling the front desk."
         assert any(f["type"] == "audio.start" and f["chunk"] == said["chunk"] for f in frames)
         done = frames[-1]
-        assert done["message"].startswith("One moment, I am calling the front desk. Here is what I found: A taxi to")
+        assert done["message"].startswith(
+            "One moment, I am calling the front desk. Here is what I found: A taxi to"
+        )
         sock.checker.finish()
 
 
@@ -420,11 +477,18 @@ async def test_tool_confirmed_yes_runs_the_tool_before_the_reply(speaking: Addre
         frames = await sock.turn_end()
         kinds = types(frames)
         start = next(f for f in frames if f["type"] == "tool.start")
-        assert (start["name"], start["kind"], start["call_id"]) == ("book_table", "webhook", confirm["call_id"])
+        assert (start["name"], start["kind"], start["call_id"]) == (
+            "book_table",
+            "webhook",
+            confirm["call_id"],
+        )
         assert kinds.index("tool.end") < kinds.index("text.delta")
         done = frames[-1]
         assert done["message"] == "Here is what I found: A table for 4 is booked for tonight."
-        assert done["tool_calls"][0]["ok"] is True and done["tool_calls"][0]["result"] == "A table for 4 is booked for tonight."
+        assert (
+            done["tool_calls"][0]["ok"] is True
+            and done["tool_calls"][0]["result"] == "A table for 4 is booked for tonight."
+        )
         # Answered: a second answer finds nothing waiting.
         await sock.send("tool.confirmed", call_id=confirm["call_id"], yes=True)
         error = (await sock.until_type("error"))[-1]
@@ -449,13 +513,17 @@ async def test_tool_confirmed_no_and_a_call_no_longer_waiting_is_not_found(speak
         await sock.say("When is checkout?")
         await sock.send("tool.confirmed", call_id=confirm["call_id"], yes=True)
         error = (await sock.until_type("error"))[-1]
-        assert error["code"] == "not_found" and error["message"].startswith("That tool call is no longer waiting")
+        assert error["code"] == "not_found" and error["message"].startswith(
+            "That tool call is no longer waiting"
+        )
         await sock.send("tool.confirmed", call_id="call_unknown", yes=True)
         assert (await sock.until_type("error"))[-1]["code"] == "not_found"
         sock.checker.finish()
 
 
-async def test_an_ask_first_tool_called_again_with_the_same_arguments_in_the_next_turn_runs(speaking: Addresses) -> None:
+async def test_an_ask_first_tool_called_again_with_the_same_arguments_in_the_next_turn_runs(
+    speaking: Addresses,
+) -> None:
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id) as sock:
         frames = await sock.say("Book a table for 5 guests")

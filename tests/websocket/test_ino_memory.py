@@ -29,7 +29,17 @@ async def _load_knowledge(tmp_path: Path, journal: Path, agent: str) -> None:
     source = tmp_path / "knowledge.jsonl"
     source.write_text("".join(json.dumps(entry) + "\n" for entry in KNOWLEDGE), encoding="utf-8")
     done = await trio.run_process(
-        [sys.executable, "-m", "runner", "knowledge", "load", agent_ref(agent), str(source), "--journal", str(journal)],
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "knowledge",
+            "load",
+            agent_ref(agent),
+            str(source),
+            "--journal",
+            str(journal),
+        ],
         capture_stdout=True,
         capture_stderr=True,
     )
@@ -58,7 +68,9 @@ async def _after_turn(sock: InoSocket) -> list[dict[str, Any]]:
     return (await sock.until_type("pong"))[:-1]
 
 
-async def test_knowledge_searched_first_finds_an_entry_or_none_and_replies_report_moods(tmp_path: Path) -> None:
+async def test_knowledge_searched_first_finds_an_entry_or_none_and_replies_report_moods(
+    tmp_path: Path,
+) -> None:
     journal = tmp_path / "j.db"
     await _load_knowledge(tmp_path, journal, "knowing")
     async with start_ino_runner(journal, "--max-sessions", "4", agent="knowing") as (_, addresses):
@@ -82,13 +94,22 @@ async def test_knowledge_searched_first_finds_an_entry_or_none_and_replies_repor
             assert (hit[-1]["mood"], hit[-1]["mood_intensity"]) == ("calm", 0.2)
 
             miss = await sock.say("Do you have a sauna?")
-            assert _without_seq(_one(miss, "knowledge")) == {"type": "knowledge", "via": "first", "outcome": "none", "entries": []}
+            assert _without_seq(_one(miss, "knowledge")) == {
+                "type": "knowledge",
+                "via": "first",
+                "outcome": "none",
+                "entries": [],
+            }
             assert miss[-1]["message"] == "You said: Do you have a sauna?"
 
             # "late" and "costs" are the concerned mood's words: two of them, 0.6.
             worried = await sock.say("When is checkout?")
             assert worried[-1]["message"] == CHECKOUT
-            assert _without_seq(_one(worried, "mood")) == {"type": "mood", "mood": "concerned", "intensity": 0.6}
+            assert _without_seq(_one(worried, "mood")) == {
+                "type": "mood",
+                "mood": "concerned",
+                "intensity": 0.6,
+            }
             assert (worried[-1]["mood"], worried[-1]["mood_intensity"]) == ("concerned", 0.6)
             sock.checker.finish()
 
@@ -131,7 +152,12 @@ async def test_knowledge_through_the_platform_search_tool(tmp_path: Path) -> Non
             assert done["tool_calls"] == []  # the platform's own calls are not the app's tools
 
             miss = await sock.say("Search knowledge for a sauna")
-            assert _without_seq(_one(miss, "knowledge")) == {"type": "knowledge", "via": "tool", "outcome": "none", "entries": []}
+            assert _without_seq(_one(miss, "knowledge")) == {
+                "type": "knowledge",
+                "via": "tool",
+                "outcome": "none",
+                "entries": [],
+            }
             assert miss[-1]["message"] == "Here is what I found: Nothing in the knowledge base about sauna."
             # An agent that keeps no relationship and reports no moods says so.
             assert sock.ready["relation"] is None and sock.ready["emotion"] is False
@@ -154,11 +180,19 @@ async def test_relations_count_conversations_and_notes_across_a_restart_and_comp
         token, first = await api.person("eu-ada")
         async with connect(addresses, token, first) as sock:
             relation = sock.ready["relation"]
-            assert (relation["end_user_id"], relation["conversations"], relation["notes"]) == ("eu-ada", 1, [])
+            assert (relation["end_user_id"], relation["conversations"], relation["notes"]) == (
+                "eu-ada",
+                1,
+                [],
+            )
             assert relation["agent_id"] == sock.ready["agent_id"]
             frames = await sock.say("Please record relationship note guest prefers quiet rooms")
             start = _one(frames, "tool.start")
-            assert (start["name"], start["kind"], start["call_id"]) == ("record_relationship", "platform", None)
+            assert (start["name"], start["kind"], start["call_id"]) == (
+                "record_relationship",
+                "platform",
+                None,
+            )
             assert frames[-1]["message"] == "Here is what I found: Noted: guest prefers quiet rooms."
             moved = await _after_turn(sock)
             assert [f["type"] for f in moved] == ["relation"]
@@ -178,7 +212,12 @@ async def test_relations_count_conversations_and_notes_across_a_restart_and_comp
             early = "My room number is 512 and my name is Ada."
             await sock.say(early)
             compacted: list[dict[str, Any]] = []
-            for text in ["When is breakfast?", "When is checkout?", "When does the spa open?", "When is breakfast?"]:
+            for text in [
+                "When is breakfast?",
+                "When is checkout?",
+                "When does the spa open?",
+                "When is breakfast?",
+            ]:
                 await sock.say(text)
                 compacted = [f for f in await _after_turn(sock) if f["type"] == "compacted"]
                 if compacted:
@@ -236,7 +275,10 @@ async def test_usage_rows_and_a_token_that_spends_its_limit_mid_reply(tmp_path: 
             assert done["type"] == "turn.done" and done["message"] == CHECKOUT  # the reply finishes...
             assert await sock.closed() == (4004, "this token has spent its credit limit")  # ...then 4004
             sock.checker.finish()
-        assert await _auth_close(addresses, token, session_id) == (4004, "this token has spent its credit limit")
+        assert await _auth_close(addresses, token, session_id) == (
+            4004,
+            "this token has spent its credit limit",
+        )
 
         async with open_agent_store(journal) as store:
             rows = await store.usage_of(session_id)
@@ -244,7 +286,11 @@ async def test_usage_rows_and_a_token_that_spends_its_limit_mid_reply(tmp_path: 
         kinds = [r.kind for r in rows]
         assert kinds == ["speech", "model", "speech"]
         model = rows[1]
-        assert (model.model, model.input_tokens, model.output_tokens) == ("local", done["input_tokens"], done["output_tokens"])
+        assert (model.model, model.input_tokens, model.output_tokens) == (
+            "local",
+            done["input_tokens"],
+            done["output_tokens"],
+        )
         assert rows[0].seconds > 0 and rows[2].seconds > 0
         assert sum(r.credits for r in rows) >= 0.05
         assert idle_rows == greeted
@@ -265,12 +311,18 @@ async def test_usage_rows_and_a_token_that_spends_its_limit_mid_reply(tmp_path: 
 
 async def test_the_runner_credit_pool_and_per_token_limits(tmp_path: Path) -> None:
     flags = ("--credit-pool", "0.15", "--agent-token-turns-per-minute", "2", "--agent-token-connections", "1")
-    async with start_ino_runner(tmp_path / "j.db", "--max-sessions", "4", *flags, agent="text_only") as (_, addresses):
+    async with start_ino_runner(tmp_path / "j.db", "--max-sessions", "4", *flags, agent="text_only") as (
+        _,
+        addresses,
+    ):
         api = addresses.api()
         token, session_id = await api.person("eu-busy")
         async with connect(addresses, token, session_id) as sock:
             # One connection per token.
-            assert await _auth_close(addresses, token, session_id) == (4006, "this token already holds 1 connections")
+            assert await _auth_close(addresses, token, session_id) == (
+                4006,
+                "this token already holds 1 connections",
+            )
             await sock.say("When is checkout?")
             await sock.say("When is breakfast?")
             await sock.send("user_message", text="When is checkout?")
@@ -281,11 +333,17 @@ async def test_the_runner_credit_pool_and_per_token_limits(tmp_path: Path) -> No
             frames = await sock.say("When is checkout?")
             assert frames[-1]["type"] == "turn.done"
             assert await sock.closed() == (4005, "the runner's credit pool is spent")
-        assert await _auth_close(addresses, other, other_session) == (4005, "the runner's credit pool is spent")
+        assert await _auth_close(addresses, other, other_session) == (
+            4005,
+            "the runner's credit pool is spent",
+        )
 
 
 async def test_compaction_on_request_live_and_offline(tmp_path: Path) -> None:
-    async with start_ino_runner(tmp_path / "j.db", "--max-sessions", "4", agent="text_only") as (_, addresses):
+    async with start_ino_runner(tmp_path / "j.db", "--max-sessions", "4", agent="text_only") as (
+        _,
+        addresses,
+    ):
         api = addresses.api()
         token, session_id = await api.person("eu-manual")
         compact = f"/v1/agent/sessions/{session_id}/compact"

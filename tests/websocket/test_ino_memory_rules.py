@@ -37,14 +37,33 @@ def test_a_reply_has_the_mood_of_the_words_it_uses_most(reply: str, mood: tuple[
 
 
 def test_a_summary_keeps_what_each_side_said_after_the_one_before() -> None:
-    first = summarise(None, [ChatMessage(role="user", content="My room is 512"), ChatMessage(role="assistant", content="Noted.")])
-    assert first == "Summary of the conversation so far.\nThe person said: My room is 512.\nYou answered: Noted."
+    first = summarise(
+        None,
+        [ChatMessage(role="user", content="My room is 512"), ChatMessage(role="assistant", content="Noted.")],
+    )
+    assert (
+        first == "Summary of the conversation so far.\nThe person said: My room is 512.\nYou answered: Noted."
+    )
     tool_call = ChatMessage(role="tool", content='{"ok": true}', tool_call_id="c")
-    assert summarise(first, [tool_call, ChatMessage(role="user", content="Thanks!")]) == first + "\nThe person said: Thanks!"
+    assert (
+        summarise(first, [tool_call, ChatMessage(role="user", content="Thanks!")])
+        == first + "\nThe person said: Thanks!"
+    )
 
 
 def test_relation_frames_and_bodies_are_valid_against_the_schema() -> None:
-    relation = json.loads(w.encode_frame(w.Relation(turn="turn_1", **{a: getattr(RELATION, a) for a in ("agent_id", "end_user_id", "conversations", "first_at", "last_at", "notes")}), 5))
+    relation = json.loads(
+        w.encode_frame(
+            w.Relation(
+                turn="turn_1",
+                **{
+                    a: getattr(RELATION, a)
+                    for a in ("agent_id", "end_user_id", "conversations", "first_at", "last_at", "notes")
+                },
+            ),
+            5,
+        )
+    )
     assert schema_errors(relation) == []
     assert relation["notes"] == [{"note": "likes quiet rooms", "recorded_at": "2026-11-29T20:30:00Z"}]
     ready = w.Ready(

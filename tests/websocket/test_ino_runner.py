@@ -41,7 +41,10 @@ async def test_4013_when_the_runner_is_full(tmp_path: Path) -> None:
         token, session_id = await api.person("eu-full")
         other_token, other_session = await api.person("eu-full-2")
         async with connect(addresses, token, session_id):
-            assert await _auth_close(addresses, other_token, other_session) == (4013, "runner full: it holds 1 calls")
+            assert await _auth_close(addresses, other_token, other_session) == (
+                4013,
+                "runner full: it holds 1 calls",
+            )
             # Another socket on the conversation already held is the same call: it fits.
             async with connect(addresses, token, session_id) as second:
                 assert second.ready["greeting"] is False
@@ -54,12 +57,18 @@ async def test_4013_when_the_runner_is_full(tmp_path: Path) -> None:
 
 
 async def test_a_draining_runner_closes_idle_sockets_and_lets_running_turns_finish(tmp_path: Path) -> None:
-    async with start_ino_runner(tmp_path / "j.db", "--max-sessions", "4", "--drain-grace-ms", "20000") as (runner, addresses):
+    async with start_ino_runner(tmp_path / "j.db", "--max-sessions", "4", "--drain-grace-ms", "20000") as (
+        runner,
+        addresses,
+    ):
         api = addresses.api()
         idle_person = await api.person("eu-idle")
         busy_person = await api.person("eu-busy")
         late_person = await api.person("eu-late")
-        async with connect(addresses, *idle_person) as idle, connect(addresses, *busy_person, tools=["open_page"]) as busy:
+        async with (
+            connect(addresses, *idle_person) as idle,
+            connect(addresses, *busy_person, tools=["open_page"]) as busy,
+        ):
             await busy.send("user_message", text="Please open page spa")
             call = (await busy.until_type("tool.call"))[-1]
             async with addresses.management_client() as host:
@@ -77,7 +86,10 @@ async def test_a_draining_runner_closes_idle_sockets_and_lets_running_turns_fini
 
 
 async def test_4007_after_idle_seconds_and_ping_does_not_count(tmp_path: Path) -> None:
-    async with start_ino_runner(tmp_path / "j.db", "--agent-idle-seconds", "1", agent="text_only") as (_, addresses):
+    async with start_ino_runner(tmp_path / "j.db", "--agent-idle-seconds", "1", agent="text_only") as (
+        _,
+        addresses,
+    ):
         token, session_id = await addresses.api().person()
         async with connect(addresses, token, session_id) as sock:
             assert sock.ready["idle_seconds"] == 1
@@ -105,8 +117,14 @@ async def test_an_agent_with_no_voice_or_ears(tmp_path: Path) -> None:
             assert (sock.ready["speaks"], sock.ready["greeting"]) == (False, False)
             frames = await sock.say("When is checkout?", speech=True)
             error = next(f for f in frames if f["type"] == "error")
-            assert (error["code"], error["stage"], error["turn"]) == ("unavailable", "speech", frames[0]["turn"])
-            assert frames[-1]["type"] == "turn.done" and frames[-1]["message"].startswith("Checkout is at noon")
+            assert (error["code"], error["stage"], error["turn"]) == (
+                "unavailable",
+                "speech",
+                frames[0]["turn"],
+            )
+            assert frames[-1]["type"] == "turn.done" and frames[-1]["message"].startswith(
+                "Checkout is at noon"
+            )
             assert "audio.start" not in types(frames)
             await sock.send("user_audio.start", rate=RATE)
             assert await sock.closed() == (4010, "this agent does not hear speech: it has no recognizer")
@@ -122,7 +140,10 @@ async def test_provider_failed_for_speech_and_for_transcription(tmp_path: Path) 
             # The voice fails on every chunk: errors with stage speech, and the text turn carries on.
             frames = await sock.say("When is checkout?")
             errors = [f for f in frames if f["type"] == "error"]
-            assert errors and all((e["code"], e["stage"], e["turn"]) == ("provider_failed", "speech", frames[0]["turn"]) for e in errors)
+            assert errors and all(
+                (e["code"], e["stage"], e["turn"]) == ("provider_failed", "speech", frames[0]["turn"])
+                for e in errors
+            )
             assert [e["chunk"] for e in errors] == [f["chunk"] for f in frames if f["type"] == "text.chunk"]
             assert frames[-1]["type"] == "turn.done" and frames[-1]["chunks_spoken"] == 0
             # A transcribe_only recording fails with its request_id and recording_id.
@@ -130,7 +151,12 @@ async def test_provider_failed_for_speech_and_for_transcription(tmp_path: Path) 
             await sock.send_raw(pcm)
             await sock.send("user_audio.end", transcribe_only=True)
             error = (await sock.until_type("error"))[-1]
-            assert (error["code"], error["stage"], error["recording_id"], error["turn"]) == ("provider_failed", "transcription", "r1", None)
+            assert (error["code"], error["stage"], error["recording_id"], error["turn"]) == (
+                "provider_failed",
+                "transcription",
+                "r1",
+                None,
+            )
             assert error["request_id"].startswith("req_")
             # A spoken turn whose transcription fails: error, then interrupted, naming it.
             await sock.send("user_audio.start", rate=RATE)
@@ -150,14 +176,18 @@ async def test_a_socket_is_a_call_of_the_runner(speaking: Addresses) -> None:
     async with speaking.management_client() as host, connect(speaking, token, session_id) as sock:
         live = [s for s in (await host.get("/v1/runner")).json()["sessions"] if s["sessionId"] == session_id]
         assert len(live) == 1 and live[0]["state"] == "connected"
-        answer = await host.post(f"/v1/sessions/{session_id}/messages", json={"id": "m1", "name": "note", "payload": {"room": 12}})
+        answer = await host.post(
+            f"/v1/sessions/{session_id}/messages", json={"id": "m1", "name": "note", "payload": {"room": 12}}
+        )
         assert (answer.status_code, answer.json()) == (202, {"id": "m1", "delivered": True})
         patched = await host.patch(f"/v1/sessions/{session_id}", json={"tts": {"voice": "en-us+m3"}})
         assert patched.status_code == 200 and patched.json()["settings"]["tts"]["voice"] == "en-us+m3"
         frames = await sock.say("When is checkout?")
         assert frames[-1]["chunks_spoken"] == 1
         # A model switched by the host fails its first call here (no key): error, then interrupted.
-        patched = await host.patch(f"/v1/sessions/{session_id}", json={"llm": {"provider": "openai", "model": "gpt-4o-mini"}})
+        patched = await host.patch(
+            f"/v1/sessions/{session_id}", json={"llm": {"provider": "openai", "model": "gpt-4o-mini"}}
+        )
         assert patched.status_code == 200
         frames = await sock.say("When is checkout?")
         assert types(frames)[-2:] == ["error", "interrupted"]
@@ -165,16 +195,27 @@ async def test_a_socket_is_a_call_of_the_runner(speaking: Addresses) -> None:
         assert frames[-1]["reason"] == "provider_failed" and "unauthorized" in frames[-2]["message"]
         sock.checker.finish()
     lines = await read_stream(
-        SimpleNamespace(address=speaking.management), "from=0",  # type: ignore[arg-type]
-        until=lambda ls: any(l["producer"] == session_id and l["body"].get("name") == "curb.ended" for l in ls), timeout=15,
+        SimpleNamespace(address=speaking.management),
+        "from=0",  # type: ignore[arg-type]
+        until=lambda ls: any(
+            l["producer"] == session_id and l["body"].get("name") == "curb.ended" for l in ls
+        ),
+        timeout=15,
     )
     mine = [l["body"] for l in lines if l["producer"] == session_id]
     assert mine[0]["name"] == "curb.started" and mine[0]["payload"]["transport"] == "ino"
     said = [(b["role"], b["text"]) for b in mine if b.get("type") == "turn"]
-    assert said[:3] == [("assistant", GREETING), ("user", "When is checkout?"), ("assistant", "Checkout is at noon, and late checkout costs twenty euros.")]
+    assert said[:3] == [
+        ("assistant", GREETING),
+        ("user", "When is checkout?"),
+        ("assistant", "Checkout is at noon, and late checkout costs twenty euros."),
+    ]
     names = [b.get("name") for b in mine if b.get("type") == "event"]
     assert "curb.message" in names and "curb.settings" in names
-    assert mine[-1]["name"] == "curb.ended" and mine[-1]["payload"]["reason"] == "disconnected: the last socket closed"
+    assert (
+        mine[-1]["name"] == "curb.ended"
+        and mine[-1]["payload"]["reason"] == "disconnected: the last socket closed"
+    )
 
 
 async def test_a_conversation_continues_on_a_new_socket_and_after_a_restart(tmp_path: Path) -> None:
@@ -224,7 +265,9 @@ async def test_the_public_rest(speaking: Addresses) -> None:
     session = await api.session(minted["token"])
     assert set(session) == {"session_id", "agent_id", "end_user_id", "created_at"}
     assert session["end_user_id"] == minted["end_user_id"]
-    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", session["session_id"])
+    assert re.fullmatch(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", session["session_id"]
+    )
     # Only a token makes a conversation; the API key reads and deletes any.
     answer = await api.request("POST", "/v1/agent/sessions", bearer=API_KEY, json_body={})
     assert answer.status_code == 401
@@ -233,4 +276,13 @@ async def test_the_public_rest(speaking: Addresses) -> None:
     assert (answer.status_code, answer.json()["error"]) == (404, "not_found")
     deleted = await api.delete(session["session_id"], API_KEY)
     assert deleted.json() == {"session_id": session["session_id"], "deleted": True}
-    assert json.loads((await api.request("GET", f"/v1/agent/sessions/{session['session_id']}/messages", bearer=API_KEY)).text)["error"] == "not_found"
+    assert (
+        json.loads(
+            (
+                await api.request(
+                    "GET", f"/v1/agent/sessions/{session['session_id']}/messages", bearer=API_KEY
+                )
+            ).text
+        )["error"]
+        == "not_found"
+    )

@@ -51,7 +51,9 @@ async def test_a_spoken_turn_end_to_end(speaking: Addresses) -> None:
     pcm = await speech()
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id) as sock:
-        await sock.send("user_audio.start", rate=RATE, recording_id="take-1", language="en", model="pocketsphinx")
+        await sock.send(
+            "user_audio.start", rate=RATE, recording_id="take-1", language="en", model="pocketsphinx"
+        )
         await send_audio(sock, pcm)
         # The person is still "speaking": partial transcripts arrive before the end.
         partials = await sock.until_type("heard.partial")
@@ -59,7 +61,12 @@ async def test_a_spoken_turn_end_to_end(speaking: Addresses) -> None:
         frames = partials + await sock.turn_end(timeout=30)
         kinds = types(frames)
         assert kinds[-1] == "turn.done"
-        assert kinds.index("heard.partial") < kinds.index("turn.start") < kinds.index("heard") < kinds.index("text.delta")
+        assert (
+            kinds.index("heard.partial")
+            < kinds.index("turn.start")
+            < kinds.index("heard")
+            < kinds.index("text.delta")
+        )
         assert all(f["turn"] for f in frames if f["type"] not in ("heard.partial",))
         heard = next(f for f in frames if f["type"] == "heard")
         # espeak-ng renders with random noise: 4 of the sentence's 8 words is a safe floor.
@@ -90,7 +97,9 @@ def _turn_audio(sock: InoSocket, turn: str) -> bytes:
     return audio[before : before + sum(mine)]
 
 
-async def test_transcribe_only_returns_the_words_with_its_recording_id_and_takes_no_turn(speaking: Addresses) -> None:
+async def test_transcribe_only_returns_the_words_with_its_recording_id_and_takes_no_turn(
+    speaking: Addresses,
+) -> None:
     pcm = await speech()
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id) as sock:
@@ -114,7 +123,9 @@ async def test_transcribe_only_returns_the_words_with_its_recording_id_and_takes
     assert [m["role"] for m in await speaking.api().messages(session_id, token)] == ["assistant"]
 
 
-async def test_a_fourth_transcribe_only_in_flight_is_rate_limited_and_its_recording_stays_open(speaking: Addresses) -> None:
+async def test_a_fourth_transcribe_only_in_flight_is_rate_limited_and_its_recording_stays_open(
+    speaking: Addresses,
+) -> None:
     # 8 kHz keeps the four recordings small, so they reach the runner together: pocketsphinx
     # holds the GIL while it decodes, and a recording that trickled in behind a decode
     # could find the first one already done.
@@ -128,11 +139,21 @@ async def test_a_fourth_transcribe_only_in_flight_is_rate_limited_and_its_record
         got: list[dict[str, Any]] = []
         with trio.fail_after(60):
             while len([f for f in got if f["type"] == "transcript"]) < 3:
-                got += [f for f in await sock.until_type("transcript", "error") if f["type"] in ("transcript", "error")]
+                got += [
+                    f
+                    for f in await sock.until_type("transcript", "error")
+                    if f["type"] in ("transcript", "error")
+                ]
         errors = [f for f in got if f["type"] == "error"]
         assert [(e["code"], e["recording_id"]) for e in errors] == [("rate_limited", "frag-4")]
-        assert sorted(f["recording_id"] for f in got if f["type"] == "transcript") == ["frag-1", "frag-2", "frag-3"]
-        assert all(heard_words(f["text"]) for f in got if f["type"] == "transcript")  # telephone rate: some words
+        assert sorted(f["recording_id"] for f in got if f["type"] == "transcript") == [
+            "frag-1",
+            "frag-2",
+            "frag-3",
+        ]
+        assert all(
+            heard_words(f["text"]) for f in got if f["type"] == "transcript"
+        )  # telephone rate: some words
         # The refused recording is still open: ending it again now works.
         await sock.send("user_audio.end", transcribe_only=True)
         last = (await sock.until_type("transcript", timeout=60))[-1]
@@ -140,7 +161,9 @@ async def test_a_fourth_transcribe_only_in_flight_is_rate_limited_and_its_record
         sock.checker.finish()
 
 
-async def test_barge_in_cancels_the_running_turn_once_and_the_recording_becomes_the_next_turn(speaking: Addresses) -> None:
+async def test_barge_in_cancels_the_running_turn_once_and_the_recording_becomes_the_next_turn(
+    speaking: Addresses,
+) -> None:
     pcm = await speech()
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id, tools=["open_page"]) as sock:
@@ -193,7 +216,9 @@ async def test_discard_throws_a_recording_away_and_the_running_turn_goes_on(spea
         assert await sock.closed() == (4011, "binary audio with no user_audio.start before it")
 
 
-async def test_user_audio_end_while_a_turn_runs_is_a_conflict_and_the_recording_stays_open(speaking: Addresses) -> None:
+async def test_user_audio_end_while_a_turn_runs_is_a_conflict_and_the_recording_stays_open(
+    speaking: Addresses,
+) -> None:
     pcm = await speech()
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id, tools=["open_page"]) as sock:
@@ -221,16 +246,25 @@ async def test_invalid_request_for_an_end_with_nothing_recorded(speaking: Addres
         await sock.send("user_audio.start", recording_id="empty")
         await sock.send("user_audio.end")
         error = (await sock.until_type("error"))[-1]
-        assert (error["code"], error["recording_id"], error["message"]) == ("invalid_request", "empty", "nothing was recorded")
+        assert (error["code"], error["recording_id"], error["message"]) == (
+            "invalid_request",
+            "empty",
+            "nothing was recorded",
+        )
         sock.checker.finish()
 
 
-async def test_validation_failed_for_a_rate_model_or_language_the_socket_does_not_take(speaking: Addresses) -> None:
+async def test_validation_failed_for_a_rate_model_or_language_the_socket_does_not_take(
+    speaking: Addresses,
+) -> None:
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id) as sock:
         for start, message in [
             ({"rate": 12_345}, "user_audio.start.rate must be one of 8000, 16000, 22050, 24000, 44100"),
-            ({"model": "scribe_v2", "recording_id": "m"}, "model 'scribe_v2' is not available here; this agent transcribes with 'pocketsphinx'"),
+            (
+                {"model": "scribe_v2", "recording_id": "m"},
+                "model 'scribe_v2' is not available here; this agent transcribes with 'pocketsphinx'",
+            ),
             ({"language": "fr"}, "language: pocketsphinx has only an English model, not 'fr'"),
             ({"language": "e"}, "user_audio.start.language must be 2 to 8 characters"),
             ({"recording_id": "r" * 65}, "user_audio.start.recording_id must be 1 to 64 characters"),
@@ -253,7 +287,10 @@ async def test_4011_for_a_recording_past_10_mb(speaking: Addresses) -> None:
         await sock.send("ping")
         assert (await sock.until_type("pong"))[-1] == {"type": "pong"}  # 10 MB exactly is still a recording
         await sock.send_raw(b"\x00\x00")
-        assert await sock.closed() == (4011, "the recording passed 10 MB: send long audio to POST /v1/transcriptions")
+        assert await sock.closed() == (
+            4011,
+            "the recording passed 10 MB: send long audio to POST /v1/transcriptions",
+        )
 
 
 async def test_cancel_discards_an_open_recording(speaking: Addresses) -> None:

@@ -18,9 +18,19 @@ async def test_tokens_are_kept_only_as_digests_and_found_by_them(tmp_path: Path)
     digest = hashlib.sha256(token.encode()).hexdigest()
     async with open_journal(tmp_path / "j.db") as journal, open_agent_store(journal.path) as store:
         row = await store.insert_token(
-            token_id="0123456789abcdef", token_sha256=digest, end_user_id="eu1", expires_at=10**13, credit_limit=2.5
+            token_id="0123456789abcdef",
+            token_sha256=digest,
+            end_user_id="eu1",
+            expires_at=10**13,
+            credit_limit=2.5,
         )
-        assert (row.end_user_id, row.scope, row.credit_limit, row.credit_spent, row.revoked_at) == ("eu1", "agent", 2.5, 0.0, None)
+        assert (row.end_user_id, row.scope, row.credit_limit, row.credit_spent, row.revoked_at) == (
+            "eu1",
+            "agent",
+            2.5,
+            0.0,
+            None,
+        )
         assert await store.find_token("0123456789abcdef", digest) == row
         assert await store.find_token("0123456789abcdef", hashlib.sha256(b"other").hexdigest()) is None
         assert await store.find_token("ffffffffffffffff", digest) is None
@@ -38,8 +48,14 @@ async def test_a_conversation_keeps_its_messages_in_order_until_deleted(tmp_path
         row = await store.create_conversation(conversation_id="c1", agent_id="a1", end_user_id="eu1")
         assert (await store.get_conversation("c1")) == row and row.deleted_at is None
         call = StoredToolCall(id="call_1", name="weather", arguments={"city": "Oslo"})
-        first = [StoredMessage(role="user", content="weather in Oslo", turn_id="t1"), StoredMessage(role="assistant", content="", tool_calls=(call,), turn_id="t1")]
-        second = [StoredMessage(role="tool", content="snowing", tool_call_id="call_1", turn_id="t1"), StoredMessage(role="assistant", content="It is snowing.", turn_id="t1")]
+        first = [
+            StoredMessage(role="user", content="weather in Oslo", turn_id="t1"),
+            StoredMessage(role="assistant", content="", tool_calls=(call,), turn_id="t1"),
+        ]
+        second = [
+            StoredMessage(role="tool", content="snowing", tool_call_id="call_1", turn_id="t1"),
+            StoredMessage(role="assistant", content="It is snowing.", turn_id="t1"),
+        ]
         assert await store.append_messages("c1", first) == 2
         assert await store.append_messages("c1", second) == 4
         loaded = await store.load_messages("c1")

@@ -66,7 +66,10 @@ async def test_thoughts_when_asked_and_allowed_and_never_in_the_reply(tmp_path: 
 
 
 async def test_no_thoughts_when_the_agent_does_not_allow_them(tmp_path: Path) -> None:
-    async with start_ino_runner(tmp_path / "j.db", "--max-sessions", "4", agent="text_only") as (_, addresses):
+    async with start_ino_runner(tmp_path / "j.db", "--max-sessions", "4", agent="text_only") as (
+        _,
+        addresses,
+    ):
         api = addresses.api()
         token, session_id = await api.person("eu-curious")
         async with connect(addresses, token, session_id) as sock:

@@ -14,7 +14,9 @@ from runner import ino_wire as w
 
 from .ino_checker import SCHEMA, schema_errors
 
-EVENT_DEFS = {name.removeprefix("event."): d for name, d in SCHEMA["$defs"].items() if name.startswith("event.")}
+EVENT_DEFS = {
+    name.removeprefix("event."): d for name, d in SCHEMA["$defs"].items() if name.startswith("event.")
+}
 VERB_DEFS = {name.removeprefix("verb."): d for name, d in SCHEMA["$defs"].items() if name.startswith("verb.")}
 # Described by the schema but not (yet) sent by this runner: ``relation`` belongs to issue 9
 # (its fields are the relationship's), ``pong`` is a constant string with no seq.
@@ -44,7 +46,9 @@ def _sample(annotation: Any) -> Any:
     """A value of ``annotation`` for every field, the first choice of each union or literal."""
     if attrs.has(annotation):
         hints = typing.get_type_hints(annotation, vars(w))
-        return annotation(**{a.name: _sample(hints[a.name]) for a in attrs.fields(annotation) if a.default is attrs.NOTHING})
+        return annotation(
+            **{a.name: _sample(hints[a.name]) for a in attrs.fields(annotation) if a.default is attrs.NOTHING}
+        )
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is typing.Literal:
@@ -69,7 +73,10 @@ def test_an_encoded_event_is_valid_against_its_schema(kind: str) -> None:
     [
         ('{"type":"user_message","text":"hi","speech":null}', w.UserMessage(text="hi")),
         ('{"type":"user_audio.end","transcribe_only":true}', w.UserAudioEnd(transcribe_only=True)),
-        ('{"type":"tool.result","call_id":"c","result":[1,{"a":null}]}', w.ToolResult(call_id="c", result=[1, {"a": None}])),
+        (
+            '{"type":"tool.result","call_id":"c","result":[1,{"a":null}]}',
+            w.ToolResult(call_id="c", result=[1, {"a": None}]),
+        ),
         ('{"type":"ping"}', w.Ping()),
     ],
 )

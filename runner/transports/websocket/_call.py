@@ -15,9 +15,16 @@ import trio
 from journal import KnowledgeHit, RelationRow, Spent, StoredMessage, StoredToolCall
 
 from ... import ino_wire as w
-from ...agent._runtime import AgentRuntime, ConfirmationNotWaiting, PendingConfirmation, PlatformTool, TurnBusy
+from ...agent._runtime import (
+    AgentRuntime,
+    ConfirmationNotWaiting,
+    PendingConfirmation,
+    PlatformTool,
+    TurnBusy,
+)
 from ...calls import keep_json
 from ...providers import ChatMessage, ProviderError, ToolCall, ToolSpec
+from ...voice.audio import pcm_seconds, rms_dbfs
 from ...voice.engine import (
     AudioData,
     AudioEnd,
@@ -39,7 +46,6 @@ from ...voice.engine import (
     UsageReported,
     new_turn_id,
 )
-from ...voice.audio import pcm_seconds, rms_dbfs
 from .._base import CallTarget, Disconnected, RequestHandler, TransportError, TransportEvent
 from ._common import (
     _CLOSE_S,
@@ -393,7 +399,11 @@ class InoCall:
             if state.started and not state.finished:
                 state.finished = True
                 conn.send(w.Error(code="internal", message="the turn failed on our side", turn=state.id))
-                conn.send(w.Interrupted(turn=state.id, message=state.text, mood=None, mood_intensity=None, reason="internal"))
+                conn.send(
+                    w.Interrupted(
+                        turn=state.id, message=state.text, mood=None, mood_intensity=None, reason="internal"
+                    )
+                )
         finally:
             if self.turn is state:
                 self.turn = None
@@ -426,7 +436,9 @@ class InoCall:
             thoughts=request.thoughts and self.service.agent.thinking_summaries == "auto",
         )
         if result is None:
-            state.owner.send(w.Error(code="unavailable", message="the call is ending and takes no more turns"))
+            state.owner.send(
+                w.Error(code="unavailable", message="the call is ending and takes no more turns")
+            )
 
     def _after_turn(self, conn: Connection) -> None:
         held, self.held = self.held, None
@@ -499,9 +511,18 @@ class InoCall:
             if state.mute_requested:
                 self.mute_turn(state)
             runtime = self.runtime
-            if state.request.speech is True and runtime is not None and runtime.voice_sample_rate_hz() is None:
+            if (
+                state.request.speech is True
+                and runtime is not None
+                and runtime.voice_sample_rate_hz() is None
+            ):
                 conn.send(
-                    w.Error(code="unavailable", message="this agent has no voice: the reply is text only", turn=tid, stage="speech")
+                    w.Error(
+                        code="unavailable",
+                        message="this agent has no voice: the reply is text only",
+                        turn=tid,
+                        stage="speech",
+                    )
                 )
             request = state.request
             if request.text is not None and request.confirm_call_id is None:
@@ -523,16 +544,40 @@ class InoCall:
             conn.send_binary(event.pcm)
         elif isinstance(event, AudioEnd):
             state.speech_seconds += event.audio_seconds
-            conn.send(w.AudioEnd(turn=tid, chunk=event.chunk, bytes=event.bytes, audio_seconds=round(event.audio_seconds, 3)))
+            conn.send(
+                w.AudioEnd(
+                    turn=tid,
+                    chunk=event.chunk,
+                    bytes=event.bytes,
+                    audio_seconds=round(event.audio_seconds, 3),
+                )
+            )
         elif isinstance(event, ToolStarted):
             kind = self._kind(state, event.name)
             state.open_tools[event.call_id] = (event.name, kind, time.monotonic())
-            conn.send(w.ToolStart(turn=tid, name=event.name, kind=kind, call_id=_wire_call_id(kind, event.call_id)))
+            conn.send(
+                w.ToolStart(turn=tid, name=event.name, kind=kind, call_id=_wire_call_id(kind, event.call_id))
+            )
         elif isinstance(event, ToolEnded):
-            name, kind, _ = state.open_tools.pop(event.call_id, (event.name, self._kind(state, event.name), 0.0))
-            conn.send(w.ToolEnd(turn=tid, name=name, kind=kind, call_id=_wire_call_id(kind, event.call_id), ok=event.ok, ms=event.ms))
+            name, kind, _ = state.open_tools.pop(
+                event.call_id, (event.name, self._kind(state, event.name), 0.0)
+            )
+            conn.send(
+                w.ToolEnd(
+                    turn=tid,
+                    name=name,
+                    kind=kind,
+                    call_id=_wire_call_id(kind, event.call_id),
+                    ok=event.ok,
+                    ms=event.ms,
+                )
+            )
         elif isinstance(event, ToolConfirmRequested):
-            conn.send(w.ToolConfirm(turn=tid, call_id=event.call_id, name=event.name, arguments=dict(event.arguments)))
+            conn.send(
+                w.ToolConfirm(
+                    turn=tid, call_id=event.call_id, name=event.name, arguments=dict(event.arguments)
+                )
+            )
         elif isinstance(event, UsageReported):
             usage = event.usage
             conn.send(
@@ -548,7 +593,13 @@ class InoCall:
             )
         elif isinstance(event, SpeechFailed):
             conn.send(
-                w.Error(code="provider_failed", message=f"speech failed: {event.message}", turn=tid, stage="speech", chunk=event.chunk)
+                w.Error(
+                    code="provider_failed",
+                    message=f"speech failed: {event.message}",
+                    turn=tid,
+                    stage="speech",
+                    chunk=event.chunk,
+                )
             )
         elif isinstance(event, Muted):
             if not state.muted_sent:
@@ -582,7 +633,11 @@ class InoCall:
                 spec=ToolSpec(
                     name=KNOWLEDGE_TOOL,
                     description="Search the knowledge base for facts on a topic.",
-                    parameters={"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+                    parameters={
+                        "type": "object",
+                        "properties": {"query": {"type": "string"}},
+                        "required": ["query"],
+                    },
                 ),
                 run=self._knowledge_tool,
             )
@@ -591,15 +646,23 @@ class InoCall:
                 spec=ToolSpec(
                     name=RELATION_TOOL,
                     description="Record a change in the relationship with this person: a note to keep about them.",
-                    parameters={"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]},
+                    parameters={
+                        "type": "object",
+                        "properties": {"note": {"type": "string"}},
+                        "required": ["note"],
+                    },
                 ),
                 run=self._relation_tool,
             )
         return tools
 
-    async def _search(self, state: _RunningTurn, via: Literal["first", "tool"], query: str) -> list[KnowledgeHit] | None:
+    async def _search(
+        self, state: _RunningTurn, via: Literal["first", "tool"], query: str
+    ) -> list[KnowledgeHit] | None:
         try:
-            hits = await self.service.store.search_knowledge(self.service.agent_id, query, limit=KNOWLEDGE_HITS)
+            hits = await self.service.store.search_knowledge(
+                self.service.agent_id, query, limit=KNOWLEDGE_HITS
+            )
         except Exception:
             log.exception("a knowledge search of conversation %s failed", self.conversation_id)
             state.owner.send(w.Knowledge(turn=state.id, via=via, outcome="failed", entries=[]))
@@ -640,7 +703,9 @@ class InoCall:
         note = str(call.arguments.get("note") or "").strip()[:MAX_NOTE_CHARS]
         if not note:
             return ToolOutcome(ok=False, error="a note is needed")
-        row = await self.service.store.record_relation(self.service.agent_id, state.owner.end_user_id, note, turn_id=turn_id)
+        row = await self.service.store.record_relation(
+            self.service.agent_id, state.owner.end_user_id, note, turn_id=turn_id
+        )
         state.relation = row
         return ToolOutcome(ok=True, result=f"Noted: {note}")
 
@@ -665,7 +730,9 @@ class InoCall:
             return None
         after_position = self._first_position + cut - 1
         summary = summarise(self.summary, history[:cut])
-        await self.service.store.add_summary(self.conversation_id, after_position=after_position, summary=summary, trigger=trigger)
+        await self.service.store.add_summary(
+            self.conversation_id, after_position=after_position, summary=summary, trigger=trigger
+        )
         del history[:cut]
         self._persisted -= cut
         self._first_position += cut
@@ -685,7 +752,12 @@ class InoCall:
             # A cancelled tool still ends its pair.
             conn.send(
                 w.ToolEnd(
-                    turn=tid, name=name, kind=kind, call_id=_wire_call_id(kind, call_id), ok=False, ms=int((now - began) * 1000)
+                    turn=tid,
+                    name=name,
+                    kind=kind,
+                    call_id=_wire_call_id(kind, call_id),
+                    ok=False,
+                    ms=int((now - began) * 1000),
                 )
             )
         state.open_tools.clear()
@@ -712,8 +784,19 @@ class InoCall:
             if result.error_code is not None:
                 reason = "provider_failed"  # the code of the error frame that names the failure
                 stage = state.stage
-                conn.send(w.Error(code="provider_failed", message=(result.reason or result.error_code)[:500], turn=tid, stage=stage))
-            conn.send(w.Interrupted(turn=tid, message=result.text, mood=mood_name, mood_intensity=intensity, reason=reason))
+                conn.send(
+                    w.Error(
+                        code="provider_failed",
+                        message=(result.reason or result.error_code)[:500],
+                        turn=tid,
+                        stage=stage,
+                    )
+                )
+            conn.send(
+                w.Interrupted(
+                    turn=tid, message=result.text, mood=mood_name, mood_intensity=intensity, reason=reason
+                )
+            )
         else:
             self._send_done(state, event, mood_name, intensity)
             if state.relation is not None:
@@ -731,13 +814,19 @@ class InoCall:
         conn = state.owner
         try:
             return await self.service.store.charge(
-                conversation_id=self.conversation_id, turn_id=state.id, token_id=conn.token_id, end_user_id=conn.end_user_id, rows=rows
+                conversation_id=self.conversation_id,
+                turn_id=state.id,
+                token_id=conn.token_id,
+                end_user_id=conn.end_user_id,
+                rows=rows,
             )
         except Exception:
             log.exception("the usage of a turn of conversation %s was not stored", self.conversation_id)
             return None
 
-    def _send_done(self, state: _RunningTurn, event: TurnFinished, mood: str | None, intensity: float | None) -> None:
+    def _send_done(
+        self, state: _RunningTurn, event: TurnFinished, mood: str | None, intensity: float | None
+    ) -> None:
         result = event.result
         conn = state.owner
         tid = state.id
@@ -786,11 +875,15 @@ class InoCall:
         _close_dangling_tool_calls(runtime.history)
         new = runtime.history[self._persisted :]
         self._persisted = len(runtime.history)
-        await self.service.store.append_messages(self.conversation_id, [_stored_message(m, turn_id) for m in new])
+        await self.service.store.append_messages(
+            self.conversation_id, [_stored_message(m, turn_id) for m in new]
+        )
 
 
 _CONFLICT = "A turn is already running on this connection. Wait for turn.done, or send cancel."
-_NOT_WAITING = "That tool call is no longer waiting: it was answered already, expired, or dropped by a later turn."
+_NOT_WAITING = (
+    "That tool call is no longer waiting: it was answered already, expired, or dropped by a later turn."
+)
 
 
 def _chat_message(message: StoredMessage) -> ChatMessage:
@@ -806,7 +899,9 @@ def _stored_message(message: ChatMessage, turn_id: str) -> StoredMessage:
     return StoredMessage(
         role=message.role,
         content=message.content,
-        tool_calls=tuple(StoredToolCall(id=c.id, name=c.name, arguments=dict(c.arguments)) for c in message.tool_calls),
+        tool_calls=tuple(
+            StoredToolCall(id=c.id, name=c.name, arguments=dict(c.arguments)) for c in message.tool_calls
+        ),
         tool_call_id=message.tool_call_id,
         turn_id=turn_id,
     )
@@ -836,7 +931,7 @@ def _close_dangling_tool_calls(history: list[ChatMessage]) -> None:
             index += 1
         for call in message.tool_calls:
             if call.id not in answered:
-                history.insert(index, ChatMessage(role="tool", content='{"error": "cancelled"}', tool_call_id=call.id))
+                history.insert(
+                    index, ChatMessage(role="tool", content='{"error": "cancelled"}', tool_call_id=call.id)
+                )
                 index += 1
-
-

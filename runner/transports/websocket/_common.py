@@ -81,7 +81,13 @@ def agent_id_of(agent: Agent) -> str:
 
 def new_session_id() -> str:
     """A time-ordered id (UUIDv7 layout), so conversations sort by creation."""
-    value = (now_ms() & ((1 << 48) - 1)) << 80 | 0x7 << 76 | secrets.randbits(12) << 64 | 0b10 << 62 | secrets.randbits(62)
+    value = (
+        (now_ms() & ((1 << 48) - 1)) << 80
+        | 0x7 << 76
+        | secrets.randbits(12) << 64
+        | 0b10 << 62
+        | secrets.randbits(62)
+    )
     return str(uuid.UUID(int=value))
 
 
@@ -114,8 +120,27 @@ def relation_body(row: RelationRow) -> w.RelationBody:
 # earlier mood here); each word found adds 0.2 to its intensity, from 0.4, up to 1.
 MOODS: tuple[tuple[str, frozenset[str]], ...] = (
     ("apologetic", frozenset({"sorry", "unfortunately", "afraid", "apologies", "cannot", "can't", "unable"})),
-    ("cheerful", frozenset({"welcome", "hello", "glad", "happy", "lovely", "great", "wonderful", "enjoy", "delighted", "sunny"})),
-    ("concerned", frozenset({"careful", "warning", "danger", "snowing", "storm", "late", "problem", "costs"})),
+    (
+        "cheerful",
+        frozenset(
+            {
+                "welcome",
+                "hello",
+                "glad",
+                "happy",
+                "lovely",
+                "great",
+                "wonderful",
+                "enjoy",
+                "delighted",
+                "sunny",
+            }
+        ),
+    ),
+    (
+        "concerned",
+        frozenset({"careful", "warning", "danger", "snowing", "storm", "late", "problem", "costs"}),
+    ),
 )
 NEUTRAL_MOOD = ("calm", 0.2)
 
@@ -163,12 +188,22 @@ def usage_rows(result: TurnResult, speech_seconds: float) -> list[UsageRow]:
     if result.heard_seconds:
         rows.append(transcription_row(result.heard_seconds))
     if speech_seconds > 0:
-        rows.append(UsageRow(kind="speech", seconds=round(speech_seconds, 3), credits=speech_seconds / 60 * CREDITS_PER_SPEECH_MINUTE))
+        rows.append(
+            UsageRow(
+                kind="speech",
+                seconds=round(speech_seconds, 3),
+                credits=speech_seconds / 60 * CREDITS_PER_SPEECH_MINUTE,
+            )
+        )
     return rows
 
 
 def transcription_row(seconds: float) -> UsageRow:
-    return UsageRow(kind="transcription", seconds=round(seconds, 3), credits=seconds / 60 * CREDITS_PER_TRANSCRIPTION_MINUTE)
+    return UsageRow(
+        kind="transcription",
+        seconds=round(seconds, 3),
+        credits=seconds / 60 * CREDITS_PER_TRANSCRIPTION_MINUTE,
+    )
 
 
 class TurnRunning(RunnerError):
@@ -222,5 +257,3 @@ class AgentSocketSetup:
     credit_pool: float | None = None
     token_turns_per_minute: int | None = None
     token_connections: int | None = None
-
-

@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-
 from ... import ino_wire as w
 from ...agent._runtime import ConfirmationNotWaiting
 from ...providers import ProviderError
-
+from ._call import _CONFLICT, _NOT_WAITING, InoCall, _Recording, _TurnRequest, transcribe
 from ._common import (
     _CLOSE_S,
     _UNWIND_S,
@@ -27,7 +26,6 @@ from ._common import (
     log,
     transcription_row,
 )
-from ._call import _CONFLICT, _NOT_WAITING, _Recording, _TurnRequest, InoCall, transcribe
 
 if TYPE_CHECKING:
     from ._service import AgentSocketService
@@ -217,7 +215,9 @@ class Connection:
                 if self.busy:
                     self.last_activity = trio.current_time()
                     continue
-                self.close_nowait(4007, f"closed after {idle_s} seconds with no activity; ping does not count")
+                self.close_nowait(
+                    4007, f"closed after {idle_s} seconds with no activity; ping does not count"
+                )
                 return
             await trio.sleep_until(deadline)
 
@@ -229,7 +229,9 @@ class Connection:
         if isinstance(verb, w.Auth):
             raise CloseSocket(4009, "auth was already sent on this connection")
         if isinstance(verb, w.UserMessage):
-            outcome = call.request_turn(self, _TurnRequest(text=verb.text, speech=verb.speech, thoughts=verb.thoughts is True))
+            outcome = call.request_turn(
+                self, _TurnRequest(text=verb.text, speech=verb.speech, thoughts=verb.thoughts is True)
+            )
             if outcome == "conflict":
                 self.send(w.Error(code="conflict", message=_CONFLICT))
         elif isinstance(verb, w.UserAudioStart):
@@ -261,7 +263,13 @@ class Connection:
         except ConfirmationNotWaiting:
             self.send(w.Error(code="not_found", message=_NOT_WAITING))
             return
-        request = _TurnRequest(text="Yes." if verb.yes else "No.", confirm_call_id=verb.call_id, yes=verb.yes, speech=verb.speech, thoughts=verb.thoughts is True)
+        request = _TurnRequest(
+            text="Yes." if verb.yes else "No.",
+            confirm_call_id=verb.call_id,
+            yes=verb.yes,
+            speech=verb.speech,
+            thoughts=verb.thoughts is True,
+        )
         if call.request_turn(self, request) == "conflict":
             self.send(w.Error(code="conflict", message=_CONFLICT))
 
@@ -282,7 +290,9 @@ class Connection:
         try:
             stt = call.runtime.recognizer(start.language)
         except ValueError as exc:
-            self.send(w.Error(code="validation_failed", message=f"language: {exc}", recording_id=start.recording_id))
+            self.send(
+                w.Error(code="validation_failed", message=f"language: {exc}", recording_id=start.recording_id)
+            )
             return
         if stt is None:
             raise CloseSocket(4010, "this agent does not hear speech: it has no recognizer")
@@ -302,7 +312,9 @@ class Connection:
             try:
                 stream = stt.open_stream(rate)
             except ValueError as exc:
-                self.send(w.Error(code="validation_failed", message=f"rate: {exc}", recording_id=start.recording_id))
+                self.send(
+                    w.Error(code="validation_failed", message=f"rate: {exc}", recording_id=start.recording_id)
+                )
                 return
         self.recording = recording
         if stream is not None:
@@ -345,11 +357,19 @@ class Connection:
             self._close_recording()  # thrown away without a word
             return
         if recording is None:
-            self.send(w.Error(code="invalid_request", message="no recording is open: send user_audio.start first"))
+            self.send(
+                w.Error(code="invalid_request", message="no recording is open: send user_audio.start first")
+            )
             return
         if len(recording.audio) < 2:
             self._close_recording()
-            self.send(w.Error(code="invalid_request", message="nothing was recorded", recording_id=recording.recording_id))
+            self.send(
+                w.Error(
+                    code="invalid_request",
+                    message="nothing was recorded",
+                    recording_id=recording.recording_id,
+                )
+            )
             return
         if end.transcribe_only:
             if self.transcribing >= MAX_TRANSCRIBING:
@@ -365,7 +385,9 @@ class Connection:
             self.transcribing += 1
             nursery.start_soon(self._transcribe_only, recording)
             return
-        request = _TurnRequest(recording=recording, speech=recording.start.speech, thoughts=recording.start.thoughts is True)
+        request = _TurnRequest(
+            recording=recording, speech=recording.start.speech, thoughts=recording.start.thoughts is True
+        )
         if call.request_turn(self, request) == "conflict":
             self.send(w.Error(code="conflict", message=_CONFLICT, recording_id=recording.recording_id))
             return
@@ -400,7 +422,12 @@ class Connection:
                     if text and self.recording is recording:
                         self.send(w.HeardPartial(text=text))
                         call = self.call
-                        if recording.start.barge_in and not recording.barged and call is not None and call.is_person(text):
+                        if (
+                            recording.start.barge_in
+                            and not recording.barged
+                            and call is not None
+                            and call.is_person(text)
+                        ):
                             recording.barged = True
                             call.barge_in(self, text, recording.recording_id)
 
@@ -451,5 +478,3 @@ def _is_auth(message: str) -> bool:
     except ValueError:
         return False
     return isinstance(value, dict) and value.get("type") == "auth"
-
-

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
-import collections
 import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,8 +16,16 @@ from journal import AgentStore, ConversationRow, Spent, TokenRow, now_ms
 
 from ... import ino_wire as w
 from ...agent._runtime import AgentRuntime
-from ...errors import GenerationMismatch, NotFound, RunnerAtCapacity, RunnerDraining, StartFailed, Unauthorized
+from ...errors import (
+    GenerationMismatch,
+    NotFound,
+    RunnerAtCapacity,
+    RunnerDraining,
+    StartFailed,
+    Unauthorized,
+)
 from ...wire import StartCallRequest
+from ._call import WebSocketTransport, _chat_message
 from ._common import (
     _UNWIND_S,
     DEFAULT_TTL_SECONDS,
@@ -33,7 +41,6 @@ from ._common import (
     relation_body,
     summarise,
 )
-from ._call import WebSocketTransport, _chat_message
 from ._connection import Connection
 
 if TYPE_CHECKING:
@@ -59,7 +66,9 @@ class AgentSocketService:
         setup: The agent, the API key and the idle limit.
     """
 
-    def __init__(self, runner: Runner, transport: WebSocketTransport, store: AgentStore, setup: AgentSocketSetup) -> None:
+    def __init__(
+        self, runner: Runner, transport: WebSocketTransport, store: AgentStore, setup: AgentSocketSetup
+    ) -> None:
         self.runner = runner
         self.transport = transport
         self.store = store
@@ -93,7 +102,8 @@ class AgentSocketService:
         row = await self.store.insert_token(
             token_id=token_id,
             token_sha256=_digest(token),
-            end_user_id=request.end_user_id or "eu_" + secrets.token_urlsafe(12).replace("-", "x").replace("_", "y"),
+            end_user_id=request.end_user_id
+            or "eu_" + secrets.token_urlsafe(12).replace("-", "x").replace("_", "y"),
             expires_at=now_ms() + ttl * 1000,
             credit_limit=request.credit_limit,
         )
@@ -138,7 +148,11 @@ class AgentSocketService:
             NotFound: Unknown, deleted, or another person's.
         """
         row = await self.store.get_conversation(conversation_id)
-        if row is None or row.deleted_at is not None or (end_user_id is not None and row.end_user_id != end_user_id):
+        if (
+            row is None
+            or row.deleted_at is not None
+            or (end_user_id is not None and row.end_user_id != end_user_id)
+        ):
             raise NotFound(f"no conversation {conversation_id!r}")
         return row
 
@@ -169,9 +183,13 @@ class AgentSocketService:
         cut = max((i for i, m in enumerate(rest) if m.role == "user"), default=0)
         if cut <= 0:
             return None
-        summary = summarise(latest.summary if latest is not None else None, [_chat_message(m) for m in rest[:cut]])
+        summary = summarise(
+            latest.summary if latest is not None else None, [_chat_message(m) for m in rest[:cut]]
+        )
         position = rest[cut - 1].position
-        await self.store.add_summary(conversation_id, after_position=position, summary=summary, trigger="manual")
+        await self.store.add_summary(
+            conversation_id, after_position=position, summary=summary, trigger="manual"
+        )
         return w.Compacted(session_id=conversation_id, after_seq=position, trigger="manual")
 
     async def relations_for(self, end_user_id: str | None) -> list[w.RelationBody]:
@@ -237,7 +255,9 @@ class AgentSocketService:
             raise CloseSocket(4005, "the runner's credit pool is spent")
         count = self._per_end_user.get(row.end_user_id, 0)
         if count >= MAX_CONNECTIONS_PER_END_USER:
-            raise CloseSocket(4014, f"this end user already has {MAX_CONNECTIONS_PER_END_USER} open connections")
+            raise CloseSocket(
+                4014, f"this end user already has {MAX_CONNECTIONS_PER_END_USER} open connections"
+            )
         held = self._per_token.get(row.token_id, 0)
         if self.token_connections is not None and held >= self.token_connections:
             raise CloseSocket(4006, f"this token already holds {self.token_connections} connections")
@@ -298,13 +318,17 @@ class AgentSocketService:
                 with trio.move_on_after(_UNWIND_S):
                     await existing.wait_ended()
                 continue
-            start = StartCallRequest(session_id=conversation_id, realtime_url=f"{SCHEME}://{conversation_id}", realtime_token="-")
+            start = StartCallRequest(
+                session_id=conversation_id, realtime_url=f"{SCHEME}://{conversation_id}", realtime_token="-"
+            )
             try:
                 call, _ = await self.runner.start_call(start)
             except RunnerDraining:
                 raise CloseSocket(4013, "runner draining") from None
             except RunnerAtCapacity:
-                raise CloseSocket(4013, f"runner full: it holds {self.runner.config.max_sessions} calls") from None
+                raise CloseSocket(
+                    4013, f"runner full: it holds {self.runner.config.max_sessions} calls"
+                ) from None
             except (StartFailed, GenerationMismatch) as exc:
                 raise CloseSocket(4013, f"the call did not start: {exc.detail}") from None
             session = self.transport.calls.get(conversation_id)
