@@ -9,7 +9,6 @@ so a handler that changes state can unlock a tool or a skill.
 from __future__ import annotations
 
 import inspect
-import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import attrs
 
 from ..providers import ToolSpec
+from ._schema import Parameters, parameters_of
 from ._settings import LLM, STT, TTS, AuthoringError, Origin, check_adjustable
 
 if TYPE_CHECKING:
@@ -29,42 +29,6 @@ TextSource = str | Callable[["Context"], "str | None"]
 
 MAX_KEY_CHARS = 256
 
-_JSON_TYPES: dict[Any, dict[str, Any]] = {
-    str: {"type": "string"},
-    int: {"type": "integer"},
-    float: {"type": "number"},
-    bool: {"type": "boolean"},
-    dict: {"type": "object"},
-    list: {"type": "array"},
-}
-
-
-def _json_schema(annotation: Any, where: str) -> dict[str, Any]:
-    """The JSON Schema of a tool parameter's annotation (the model is told what to send)."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if annotation in _JSON_TYPES:
-        return dict(_JSON_TYPES[annotation])
-    if origin is Literal:
-        return {"enum": list(args)}
-    if origin in (list, Sequence, tuple) and args:
-        return {"type": "array", "items": _json_schema(args[0], where)}
-    if origin in (dict, Mapping):
-        return {"type": "object"}
-    if origin in (types.UnionType, typing.Union):
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return _json_schema(options[0], where)
-        return {"anyOf": [_json_schema(a, where) for a in options]}
-    if attrs.has(annotation):
-        fields = attrs.fields(attrs.resolve_types(annotation))
-        return {
-            "type": "object",
-            "properties": {f.name: _json_schema(f.type, where) for f in fields},
-            "required": [f.name for f in fields if f.default is attrs.NOTHING],
-        }
-    raise AuthoringError(f"{where}: parameter type {annotation!r} cannot be offered to a model")
-
 
 @attrs.frozen(kw_only=True)
 class Tool:
@@ -75,7 +39,7 @@ class Tool:
         description: What it is for (the docstring by default).
         fn: ``fn(ctx, **arguments)``, sync or async; its return value is the result.
         parameters: The JSON Schema of its arguments, from the signature.
-        annotations: Each argument's Python type, for checking what the model sent.
+        arguments: Checks what the model sent against the signature (``None``: taken as sent).
         when: Offered only while ``when(ctx)`` holds.
         ask_first: The person must confirm before it runs (``tool.confirm`` on the socket).
         filler: A line spoken while it runs.
@@ -85,7 +49,7 @@ class Tool:
     description: str
     fn: Callable[..., Any]
     parameters: Mapping[str, Any]
-    annotations: Mapping[str, Any]
+    arguments: Parameters | None = None
     when: Predicate | None = None
     ask_first: bool = False
     filler: str | None = None
@@ -107,27 +71,14 @@ def make_tool(
     tool_name = name or fn.__name__
     if not tool_name.replace("_", "").replace("-", "").isalnum() or len(tool_name) > 64:
         raise AuthoringError(f"tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'")
+    if not inspect.signature(fn).parameters:
+        raise AuthoringError(f"tool {tool_name!r} must take the call context as its first parameter")
     try:
-        hints = typing.get_type_hints(fn)
+        arguments = parameters_of(fn, f"tool {tool_name!r}")
     except (NameError, TypeError) as exc:
         raise AuthoringError(
             f"tool {tool_name!r}: {_unresolved(fn)}cannot resolve its annotations: {exc}"
         ) from None
-    params = list(inspect.signature(fn).parameters.values())
-    if not params:
-        raise AuthoringError(f"tool {tool_name!r} must take the call context as its first parameter")
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    annotations: dict[str, Any] = {}
-    for param in params[1:]:
-        if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
-            raise AuthoringError(f"tool {tool_name!r}: parameter {param.name!r} must be a named parameter")
-        if param.name not in hints:
-            raise AuthoringError(f"tool {tool_name!r}: parameter {param.name!r} needs a type annotation")
-        annotations[param.name] = hints[param.name]
-        properties[param.name] = _json_schema(hints[param.name], f"tool {tool_name!r}")
-        if param.default is param.empty:
-            required.append(param.name)
     text = description or inspect.getdoc(fn)
     if not text:
         raise AuthoringError(f"tool {tool_name!r} needs a description (a docstring) for the model")
@@ -135,8 +86,8 @@ def make_tool(
         name=tool_name,
         description=text,
         fn=fn,
-        parameters={"type": "object", "properties": properties, "required": required},
-        annotations=annotations,
+        parameters=arguments.schema,
+        arguments=arguments,
         when=when,
         ask_first=ask_first,
         filler=filler,
@@ -225,6 +176,7 @@ class _Parts:
         else:
             self._instructions = list(instructions)
         self.tools: list[Tool] = []
+        self.handlers: list[MessageHandler] = []
 
     def instructions(self, fn: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
         """Decorator: add instructions computed from the call (``None`` adds nothing)."""
@@ -238,6 +190,29 @@ class _Parts:
             if text:
                 out.append(text.strip())
         return out
+
+    def on_message(self, key: str, *, sender: Sender = "client", schema: Any = None) -> Callable[[F], F]:
+        """Decorator: handle messages with ``key`` from ``sender`` (``client`` or ``host``).
+
+        The handler is ``fn(ctx, payload)``, sync or async. With ``schema`` (an attrs
+        class or any type the converter structures) it gets the decoded payload, and a
+        payload that does not decode is refused ``invalid_payload`` before any handler
+        runs. Several handlers on one key run in registration order (the agent's, then
+        each mounted skill's); the reply is the last one's return value. A skill's
+        handlers are live only while the skill is mounted: before, its key is refused
+        ``no_handler`` like any key nobody handles.
+
+        Raises:
+            AuthoringError: An invalid key or sender.
+        """
+        check_key(key)
+        _check_sender(sender)
+
+        def register(fn: F) -> F:
+            self.handlers.append(MessageHandler(key=key, sender=sender, fn=fn, schema=schema))
+            return fn
+
+        return register
 
     @overload
     def tool(self, fn: F) -> F: ...
@@ -269,8 +244,9 @@ class _Parts:
 class Skill(_Parts):
     """A part of an agent that is mounted while ``when(ctx)`` holds.
 
-    A mounted skill adds its instructions and tools to what the model is offered; its
-    ``llm``/``tts``/``stt``, when given, take over from the agent's.
+    A mounted skill adds its instructions and tools to what the model is offered and its
+    message handlers to the call's (the seed's ``useMessage`` inside a component: live
+    while it is mounted); its ``llm``/``tts``/``stt``, when given, take over from the agent's.
     """
 
     def __init__(
@@ -399,7 +375,6 @@ class Agent(_Parts):
         if max_tool_rounds < 0:
             raise AuthoringError("max_tool_rounds must be at least 0")
         self.max_tool_rounds = max_tool_rounds
-        self.handlers: list[MessageHandler] = []
         self.app_tools: list[AppTool] = []
 
     def app_tool(
@@ -446,33 +421,25 @@ class Agent(_Parts):
         self.skills.append(skill)
         return skill
 
-    def on_message(self, key: str, *, sender: Sender = "client", schema: Any = None) -> Callable[[F], F]:
-        """Decorator: handle messages with ``key`` from ``sender`` (``client`` or ``host``).
+    def handlers_for(self, key: str, sender: Sender, ctx: Context | None = None) -> list[MessageHandler]:
+        """The handlers of ``key`` from ``sender``: the agent's, then each mounted skill's.
 
-        The handler is ``fn(ctx, payload)``, sync or async. With ``schema`` (an attrs
-        class or any type the converter structures) it gets the decoded payload, and a
-        payload that does not decode is refused ``invalid_payload`` before any handler
-        runs. Several handlers on one key run in registration order; the reply is the
-        last one's return value.
-
-        Raises:
-            AuthoringError: An invalid key or sender.
+        With no ``ctx``, only the agent's own (a skill's are live only while it is mounted).
         """
-        check_key(key)
-        _check_sender(sender)
+        own = [h for h in self.handlers if h.key == key and h.sender == sender]
+        if ctx is None:
+            return own
+        for skill in self.mounted(ctx):
+            own.extend(h for h in skill.handlers if h.key == key and h.sender == sender)
+        return own
 
-        def register(fn: F) -> F:
-            self.handlers.append(MessageHandler(key=key, sender=sender, fn=fn, schema=schema))
-            return fn
-
-        return register
-
-    def handlers_for(self, key: str, sender: Sender) -> list[MessageHandler]:
-        return [h for h in self.handlers if h.key == key and h.sender == sender]
+    def mounted(self, ctx: Context) -> list[Skill]:
+        """The skills mounted for this call's state right now."""
+        return [s for s in self.skills if s.when is None or s.when(ctx)]
 
     def offer(self, ctx: Context) -> Offer:
         """What the model is offered for this call's state right now."""
-        mounted = [s for s in self.skills if s.when is None or s.when(ctx)]
+        mounted = self.mounted(ctx)
         texts = self._texts(ctx)
         tools = [t for t in self.tools if t.when is None or t.when(ctx)]
         llm, tts, stt = self.llm, self.tts, self.stt

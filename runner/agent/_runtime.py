@@ -42,10 +42,11 @@ from ..voice.engine import (
     TurnResult,
 )
 from ..voice.listener import Listener, SpeechEnded, SpeechStarted
-from ..wire import EffectiveSettings, HostMessage, Issue, WireError, converter, decode, encode, parse_json
+from ..wire import EffectiveSettings, HostMessage, Issue, WireError, decode, encode, parse_json
 from ._authoring import Agent, AppTool, Offer, Sender, call_maybe_async, check_key
 from ._context import Context, HostTimeoutError, HostUnavailableError
 from ._experiments import assign_variant
+from ._schema import ArgumentsRefused
 from ._settings import LLM, STT, TTS, Origin
 from ._settings_live import Overrides, check_update, effective, merge
 
@@ -431,11 +432,11 @@ class AgentRuntime:
         if tool.ask_first and self.confirms_tools and not self._may_run_unasked(call):
             return await self._ask_first(call)
         try:
-            arguments = {
-                name: converter.structure(call.arguments[name], annotation)
-                for name, annotation in tool.annotations.items()
-                if name in call.arguments
-            }
+            arguments = tool.arguments.check(call.arguments) if tool.arguments else dict(call.arguments)
+        except ArgumentsRefused as refused:
+            # The model is told what was wrong and may call again; the tool does not run.
+            return ToolOutcome(ok=False, error=str(refused))
+        try:
             result = await call_maybe_async(tool.fn, self.ctx, **arguments)
         except Exception as exc:
             log.warning("tool %s failed: %s", call.name, exc)
@@ -717,7 +718,7 @@ class AgentRuntime:
             InvalidPayload: A schema refused the payload; no handler ran.
             HandlerFailed: A handler raised; the others still ran.
         """
-        handlers = self.agent.handlers_for(key, sender)
+        handlers = self.agent.handlers_for(key, sender, self.ctx)
         kept, truncated = keep_json(payload)
         event: dict[str, Any] = {"from": sender, "key": key, "id": message_id, "payload": kept}
         if not handlers:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+import enum
 import hashlib
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
 import pytest
@@ -12,6 +14,7 @@ import pytest
 import runner.agent as agent_api
 from runner.agent import LLM, STT, TTS, Agent, AuthoringError, Context, Skill, assign_variant
 from runner.agent._runtime import AgentRuntime, choose_experiments
+from runner.agent._schema import ArgumentsRefused
 from runner.calls import CallContext
 
 CODE = "AGENT_INVALID_AUTHORING_PROP"
@@ -121,15 +124,22 @@ def test_a_tool_schema_comes_from_the_signature() -> None:
         "properties": {
             "city": {"type": "string"},
             "nights": {"type": "integer"},
-            "budget": {"type": "number"},
-            "kind": {"enum": ["single", "double"]},
-            "breakfast": {"type": "boolean"},
-            "tags": {"type": "array", "items": {"type": "string"}},
-            "extras": {"type": "object"},
-            "note": {"type": "string"},
+            "budget": {"type": "number", "default": 100.0},
+            "kind": {"type": "string", "enum": ["single", "double"], "default": "single"},
+            "breakfast": {"type": "boolean", "default": False},
+            "tags": {
+                "anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}],
+                "default": None,
+            },
+            "extras": {
+                "anyOf": [{"type": "object", "additionalProperties": {"type": "string"}}, {"type": "null"}],
+                "default": None,
+            },
+            "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
         },
-        # Parameters with a default are optional for the model.
+        # Parameters with a default are optional for the model; nothing else may be sent.
         "required": ["city", "nights"],
+        "additionalProperties": False,
     }
     spec = tool.spec()
     assert (spec.name, spec.description, spec.parameters) == (
@@ -153,8 +163,9 @@ def test_an_attrs_parameter_becomes_an_object_schema() -> None:
 
     assert agent.tools[0].parameters["properties"]["guest"] == {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "nights": {"type": "integer"}},
+        "properties": {"name": {"type": "string"}, "nights": {"type": "integer", "default": 1}},
         "required": ["name"],
+        "additionalProperties": False,
     }
 
 
@@ -542,3 +553,103 @@ def test_the_public_names_are_exported_once() -> None:
     assert expected <= set(public)
     for name in expected:
         assert getattr(agent_api, name).__module__.startswith("runner.agent._"), name
+
+
+# -- tool parameters through pydantic: descriptions, enums, dates, attrs, defaults ----------------
+
+
+class Meal(enum.Enum):
+    breakfast = "breakfast"
+    dinner = "dinner"
+
+
+@attrs.frozen
+class Party:
+    """Who is coming."""
+
+    lead: Annotated[str, "The name the table is under"]
+    size: int = 2
+    notes: list[str] = attrs.Factory(list)
+
+
+def test_tool_parameters_take_descriptions_enums_dates_attrs_and_defaults() -> None:
+    agent = Agent("a")
+
+    @agent.tool
+    def reserve(
+        ctx: Context,
+        day: Annotated[datetime.date, "The day of the reservation"],
+        meal: Meal,
+        party: Party,
+        at: datetime.datetime | None = None,
+        seat: Literal["inside", "terrace"] = "inside",
+    ) -> str:
+        """Reserve a table."""
+        return "ok"
+
+    (tool,) = agent.tools
+    assert tool.parameters == {
+        "type": "object",
+        "properties": {
+            "day": {"type": "string", "format": "date", "description": "The day of the reservation"},
+            "meal": {"type": "string", "enum": ["breakfast", "dinner"]},
+            "party": {
+                "type": "object",
+                "description": "Who is coming.",
+                "properties": {
+                    "lead": {"type": "string", "description": "The name the table is under"},
+                    "size": {"type": "integer", "default": 2},
+                    "notes": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["lead"],
+                "additionalProperties": False,
+            },
+            "at": {"anyOf": [{"type": "string", "format": "date-time"}, {"type": "null"}], "default": None},
+            "seat": {"type": "string", "enum": ["inside", "terrace"], "default": "inside"},
+        },
+        "required": ["day", "meal", "party"],
+        "additionalProperties": False,
+    }
+    assert tool.arguments is not None
+    checked = tool.arguments.check({"day": "2027-01-05", "meal": "dinner", "party": {"lead": "Ada"}})
+    assert checked == {
+        "day": datetime.date(2027, 1, 5),
+        "meal": Meal.dinner,
+        "party": Party(lead="Ada", size=2, notes=[]),
+        "at": None,
+        "seat": "inside",
+    }
+
+
+def test_arguments_that_do_not_fit_are_refused_each_one_named() -> None:
+    agent = Agent("a")
+
+    @agent.tool
+    def reserve(ctx: Context, meal: Meal, party: Party) -> str:
+        """Reserve a table."""
+        return "ok"
+
+    assert agent.tools[0].arguments is not None
+    with pytest.raises(ArgumentsRefused) as excinfo:
+        agent.tools[0].arguments.check({"meal": "lunch", "party": {"size": "x"}, "extra": 1})
+    message = str(excinfo.value)
+    assert message.startswith("invalid arguments: ")
+    for where in ("meal", "party.lead", "party.size", "extra"):
+        assert f"{where}: " in message, where
+
+
+def test_a_class_that_contains_itself_cannot_be_a_tool_parameter() -> None:
+    agent = Agent("a")
+    with pytest.raises(AuthoringError) as excinfo:
+
+        @agent.tool
+        def walk(ctx: Context, node: Node) -> str:
+            """Walk a tree."""
+            return ""
+
+    assert "Node refers to itself" in _authoring_error(excinfo)
+
+
+@attrs.frozen
+class Node:
+    children: list[Node]

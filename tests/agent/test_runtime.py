@@ -6,6 +6,8 @@ Remote models are the fakes of ``tests/providers/fake_servers.py`` (the OpenAI w
 
 from __future__ import annotations
 
+import datetime
+import enum
 import json
 import math
 import socket
@@ -13,19 +15,20 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import attrs
 import pytest
 import trio
 
 from journal import Journal, open_journal
-from runner.agent import LLM, STT, TTS, Agent, Context, HostUnavailableError
+from runner.agent import LLM, STT, TTS, Agent, Context, HostUnavailableError, Skill
 from runner.agent._runtime import AgentRuntime, choose_experiments
 from runner.calls import KEEP_JSON_BYTES, CallContext, CallRecord
 from runner.errors import InvalidSettings
 from runner.providers.espeak import EspeakTTS
 from runner.providers.pocketsphinx import PocketsphinxSTT
+from runner.transports import ClientRefusal
 from runner.transports.loopback import LoopbackCaller, LoopbackSession
 from runner.voice.audio import frames
 from runner.voice.engine import ReplyDelta, TurnEvent, TurnFinished, TurnResult
@@ -712,3 +715,124 @@ async def test_a_tools_filler_line_is_said_and_kept_in_the_reply(journal: Journa
     _, assistant = await turns(journal)
     assert assistant["text"] == result.text
     assert assistant["chunksSpoken"] == 2  # the filler, then the answer
+
+
+# -- tool arguments: checked against the signature, refusals go back to the model --------------
+
+
+class Size(enum.Enum):
+    single = "single"
+    double = "double"
+
+
+@attrs.frozen
+class Stay:
+    guest: Annotated[str, "The guest's full name"]
+    nights: int = 1
+
+
+def booking_agent(fake: FakeOpenAI, ran: list[tuple[Any, ...]]) -> Agent:
+    agent = Agent("bookings", instructions="You book rooms.", llm=remote_llm(fake), max_tool_rounds=2)
+
+    @agent.tool
+    def book(
+        ctx: Context,
+        stay: Stay,
+        size: Size,
+        arrive: datetime.date,
+        call_back: datetime.datetime | None = None,
+        view: Literal["sea", "garden"] = "garden",
+    ) -> str:
+        """Book a room."""
+        ran.append((stay, size, arrive, call_back, view))
+        return f"Booked {size.value} for {stay.guest}."
+
+    return agent
+
+
+async def test_a_tool_gets_its_arguments_as_the_python_types_it_declared(fake: FakeOpenAI) -> None:
+    arguments = {
+        "stay": {"guest": "Ada Lovelace", "nights": 3},
+        "size": "double",
+        "arrive": "2026-12-24",
+        "call_back": "2026-12-20T09:30:00Z",
+    }
+    fake.enqueue(tool_call_reply("call_1", "book", arguments), text_reply("Done."))
+    ran: list[tuple[Any, ...]] = []
+    async with open_call(booking_agent(fake, ran), None) as call:
+        call.caller.say("Book me a double.")
+        result = await call.next_result()
+    assert ran == [
+        (
+            Stay(guest="Ada Lovelace", nights=3),
+            Size.double,
+            datetime.date(2026, 12, 24),
+            datetime.datetime(2026, 12, 20, 9, 30, tzinfo=datetime.UTC),
+            "garden",
+        )
+    ]
+    assert [(c.ok, c.result) for c in result.tool_calls] == [(True, "Booked double for Ada Lovelace.")]
+
+
+async def test_bad_arguments_from_the_model_are_a_tool_error_the_model_reads(
+    journal: Journal, fake: FakeOpenAI
+) -> None:
+    bad = {"stay": {"nights": "many"}, "size": "triple", "arrive": "soon", "pool": True}
+    fake.enqueue(tool_call_reply("call_1", "book", bad), text_reply("Sorry, let me ask again."))
+    ran: list[tuple[Any, ...]] = []
+    async with open_call(booking_agent(fake, ran), journal) as call:
+        call.caller.say("Book me something.")
+        result = await call.next_result()
+    assert ran == []  # the tool never ran
+    assert result.text == "Sorry, let me ask again."
+    (tool,) = result.tool_calls
+    assert tool.ok is False and tool.error is not None
+    assert tool.error.startswith("invalid arguments: ")
+    for where in ("stay.guest", "stay.nights", "size", "arrive", "pool"):
+        assert f"{where}: " in tool.error, where
+    # The model's second round holds the refusal as the tool's answer.
+    tool_messages = [m for m in fake.requests[1].json()["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages] == ["call_1"]
+    assert "invalid arguments: " in tool_messages[0]["content"]
+    (_, assistant) = await turns(journal)
+    assert assistant["toolCalls"][0]["ok"] is False
+
+
+# -- a skill's message handlers follow the skill ----------------------------------------------
+
+
+async def test_a_skills_handler_is_live_exactly_while_the_skill_is_mounted(journal: Journal) -> None:
+    checkout = Skill("checkout", when=lambda ctx: ctx.state["stage"] == "checkout")
+
+    @checkout.on_message("pay")
+    def pay(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"paid": payload["amount"]}
+
+    agent = Agent(
+        "shop", instructions="You sell things.", state=lambda: {"stage": "browsing"}, skills=[checkout]
+    )
+
+    @agent.on_message("stage")
+    def stage(ctx: Context, payload: dict[str, Any]) -> None:
+        ctx.state["stage"] = payload["stage"]
+
+    async def send(key: str, message_id: str, payload: dict[str, Any]) -> Any:
+        body = json.dumps({"key": key, "id": message_id, "payload": payload})
+        return json.loads(await call.caller.request("curb.message", body))
+
+    async with open_call(agent, journal) as call:
+        with pytest.raises(ClientRefusal, match="no_handler"):
+            await send("pay", "m-1", {"amount": 5})
+        assert await send("stage", "m-2", {"stage": "checkout"}) == {"reply": None}
+        assert await send("pay", "m-3", {"amount": 5}) == {"reply": {"paid": 5}}
+        assert await send("stage", "m-4", {"stage": "done"}) == {"reply": None}
+        with pytest.raises(ClientRefusal, match="no_handler"):
+            await send("pay", "m-5", {"amount": 7})
+    outcomes = [(e["id"], e["outcome"]) for e in await conversation_events(journal, "curb.message")]
+    assert outcomes == [
+        ("m-1", "no_handler"),
+        ("m-2", "delivered"),
+        ("m-3", "delivered"),
+        ("m-4", "delivered"),
+        ("m-5", "no_handler"),
+    ]
