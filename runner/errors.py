@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Self
 
 from .wire import PROTOCOL_VERSIONS, ErrorBody, Issue
 
@@ -20,6 +21,11 @@ class RunnerError(Exception):
     def body(self) -> ErrorBody:
         return ErrorBody(error=self.code, detail=self.detail)
 
+    @classmethod
+    def from_body(cls, body: ErrorBody) -> Self:
+        """The error an answer's ErrorBody names, as a host reads it (the inverse of :meth:`body`)."""
+        return cls(body.detail)
+
 
 class Unauthorized(RunnerError):
     status = 401
@@ -34,8 +40,16 @@ class UnknownVersion(RunnerError):
     status = 404
     code = "unknown_version"
 
+    def __init__(self, detail: str | None = None, versions: Sequence[int] = PROTOCOL_VERSIONS) -> None:
+        super().__init__(detail)
+        self.versions = list(versions)
+
     def body(self) -> ErrorBody:
-        return ErrorBody(error=self.code, detail=self.detail, versions=list(PROTOCOL_VERSIONS))
+        return ErrorBody(error=self.code, detail=self.detail, versions=self.versions)
+
+    @classmethod
+    def from_body(cls, body: ErrorBody) -> Self:
+        return cls(body.detail, body.versions or ())
 
 
 class NotFound(RunnerError):
@@ -53,6 +67,10 @@ class InvalidRequest(RunnerError):
 
     def body(self) -> ErrorBody:
         return ErrorBody(error=self.code, detail=self.detail, issues=self.issues)
+
+    @classmethod
+    def from_body(cls, body: ErrorBody) -> Self:
+        return cls(body.detail, body.issues)
 
 
 class SessionNotFound(RunnerError):
@@ -104,6 +122,10 @@ class CursorTooOld(RunnerError):
             oldest_retained=self.oldest_retained,
         )
 
+    @classmethod
+    def from_body(cls, body: ErrorBody) -> Self:
+        return cls(body.requested or 0, body.oldest_retained or 1, body.detail)
+
 
 class NoJournal(RunnerError):
     status = 404
@@ -124,6 +146,10 @@ class _Refusal(RunnerError):
 
     def body(self) -> ErrorBody:
         return ErrorBody(error=self.code, detail=self.detail, issues=self.issues)
+
+    @classmethod
+    def from_body(cls, body: ErrorBody) -> Self:
+        return cls(body.detail, body.issues)
 
 
 class NoHandler(_Refusal):
@@ -152,3 +178,7 @@ class NotAdjustable(RunnerError):
 
     def body(self) -> ErrorBody:
         return ErrorBody(error=self.code, detail=self.detail, path=self.path)
+
+    @classmethod
+    def from_body(cls, body: ErrorBody) -> Self:
+        return cls(body.path or "", body.detail)

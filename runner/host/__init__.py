@@ -1,0 +1,52 @@
+"""The host's side of the host protocol: a client, a stream follower, and a pool of runners.
+
+A Python host in a few lines, under Trio or asyncio (its own concurrency is anyio's)::
+
+    async with RunnerPool(["http://127.0.0.1:7071"], token=TOKEN) as pool:
+        placed = await pool.start_call(StartCallRequest(session_id="call-1", ...))
+        async with pool.client(placed.runner).follow_events(from_=0) as events:
+            async for item in events:
+                ...
+
+Errors are the runner's own, one class per wire code (``RunnerDraining``,
+``CursorTooOld`` with ``oldest_retained``, ...); see docs/host.md for the guarantees.
+"""
+
+from ..errors import CursorTooOld as CursorTooOld
+from ..errors import GenerationMismatch as GenerationMismatch
+from ..errors import HandlerFailed as HandlerFailed
+from ..errors import Internal as Internal
+from ..errors import InvalidPayload as InvalidPayload
+from ..errors import InvalidRequest as InvalidRequest
+from ..errors import InvalidSettings as InvalidSettings
+from ..errors import NoHandler as NoHandler
+from ..errors import NoJournal as NoJournal
+from ..errors import NotAdjustable as NotAdjustable
+from ..errors import NotFound as NotFound
+from ..errors import RunnerAtCapacity as RunnerAtCapacity
+from ..errors import RunnerDraining as RunnerDraining
+from ..errors import RunnerError as RunnerError
+from ..errors import RunnerTakesNoCalls as RunnerTakesNoCalls
+from ..errors import SessionNotFound as SessionNotFound
+from ..errors import StartFailed as StartFailed
+from ..errors import Unauthorized as Unauthorized
+from ..errors import UnknownVersion as UnknownVersion
+from ..wire import HostMessage as HostMessage
+from ..wire import JournalRecord as JournalRecord
+from ..wire import SessionUpdate as SessionUpdate
+from ..wire import StartCallRequest as StartCallRequest
+from ._client import ERRORS as ERRORS
+from ._client import RunnerClient as RunnerClient
+from ._client import RunnerUnreachable as RunnerUnreachable
+from ._client import UnknownError as UnknownError
+from ._client import error_from_answer as error_from_answer
+from ._follow import EventFollower as EventFollower
+from ._follow import EventsCursor as EventsCursor
+from ._follow import FollowItem as FollowItem
+from ._follow import FollowStats as FollowStats
+from ._follow import Lost as Lost
+from ._follow import SeqGap as SeqGap
+from ._pool import NoRunnerAvailable as NoRunnerAvailable
+from ._pool import Placement as Placement
+from ._pool import RunnerPool as RunnerPool
+from ._pool import RunnerState as RunnerState
