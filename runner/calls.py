@@ -145,8 +145,11 @@ class Call:
         record: CallRecord,
         context: CallContext,
         conversation_factory: ConversationFactory | None,
+        origin: Mapping[str, Any] | None = None,
     ) -> None:
         self.session_id = start.session_id
+        self.origin = origin
+        self.end_reason = ""
         self.start = start
         self.started_at_ms = now_ms()
         self.state: State = "starting"
@@ -185,6 +188,11 @@ class Call:
 
     async def wait_ended(self) -> None:
         await self._ended.wait()
+
+    async def wait_stopping(self) -> str:
+        """Wait until the call is asked to end; return why. It leaves its room after this."""
+        await self._stop_requested.wait()
+        return self._stop_reason
 
     async def deliver_host_message(self, message: HostMessage) -> bool:
         """Deliver a host message; False when its id was already delivered to this call.
@@ -272,6 +280,7 @@ class Call:
             raise
         finally:
             self.state = "ended"
+            self.end_reason = reason
             self._start_outcome.set()
             with trio.CancelScope(shield=True):
                 await self.record.event("curb.ended", {"reason": reason}, closes=True)
@@ -289,6 +298,8 @@ class Call:
             payload["deploymentId"] = start.deployment_id
         if start.configuration_version is not None:
             payload["configurationVersion"] = start.configuration_version
+        if self.origin is not None:
+            payload["job"] = dict(self.origin)
         return payload
 
     async def _run_connected(self) -> str:
@@ -479,8 +490,13 @@ class Runner:
         # The call still runs its failure path, so its record says why it did not start.
         return _NoTransport(f"no transport on this runner joins {url.split(':', 1)[0]!r} URLs")
 
-    async def start_call(self, start: StartCallRequest) -> tuple[Call, bool]:
+    async def start_call(
+        self, start: StartCallRequest, *, origin: Mapping[str, Any] | None = None
+    ) -> tuple[Call, bool]:
         """Place a call; answer once it connected. A repeat returns ``(call, False)``.
+
+        ``origin`` says where a call not placed by a host came from (a worker's LiveKit
+        job); it is written in ``curb.started`` as ``job``.
 
         Raises:
             RunnerDraining, GenerationMismatch, RunnerAtCapacity, StartFailed.
@@ -514,6 +530,7 @@ class Runner:
             record=CallRecord(self.journal, start.session_id),
             context=context,
             conversation_factory=self._conversation_factory,
+            origin=origin,
         )
         self.calls[call.session_id] = call
         self._idle = trio.Event()

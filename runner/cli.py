@@ -13,10 +13,14 @@ import secrets
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
 from .config import DEFAULT_ADDRESS, DEFAULT_PUBLIC_ADDRESS, Config
+
+if TYPE_CHECKING:
+    from .worker import WorkerSetup
 
 _STARTED_AT = time.monotonic()
 
@@ -74,6 +78,19 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--token", required=True, help="the realtime token of the call")
     join.add_argument("--session-id", help="the call's session id (default: a random one)")
 
+    start = sub.add_parser(
+        "start", help="a worker: LiveKit's agent dispatch hands it calls (key and secret from LIVEKIT_API_*)"
+    )
+    _add_common(start)
+    start.add_argument("--url", help="the LiveKit server (default $LIVEKIT_URL)")
+    start.add_argument(
+        "--agent-name", default="", help="take explicit dispatches for this name (default: automatic)"
+    )
+    start.add_argument("--max-sessions", type=int, help="calls held at once (default 1)")
+    start.add_argument(
+        "--no-journal", action="store_true", help="keep no journal: the events stream answers 404 no_journal"
+    )
+
     dev = sub.add_parser("dev", help="one local call over the loopback transport, with the management port")
     _add_common(dev)
 
@@ -125,6 +142,7 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
         max_sessions=getattr(args, "max_sessions", None),
         deployment_id=getattr(args, "deployment_id", None),
         configuration_version=getattr(args, "configuration_version", None),
+        keep_journal=False if getattr(args, "no_journal", False) else None,
     )
 
 
@@ -137,9 +155,15 @@ def _serve(args: argparse.Namespace) -> int:
     from .transports.websocket import AgentSocketSetup
     from .wire import StartCallRequest
 
-    mode = {"serve": "managed", "join": "direct-join", "dev": "dev"}[args.command]
+    mode = {"serve": "managed", "join": "direct-join", "dev": "dev", "start": "worker"}[args.command]
+    worker = None
+    if mode == "worker" and args.address is None and not os.environ.get("CURB_ADDRESS"):
+        # Many workers share a machine: each takes a free loopback port unless told one.
+        args.address = "127.0.0.1:0"
     try:
         config = _config(args, mode)
+        if mode == "worker":
+            worker = _worker_setup(args)
     except ValueError as exc:
         print(f"runner: {exc}", file=sys.stderr)
         return 2
@@ -162,15 +186,16 @@ def _serve(args: argparse.Namespace) -> int:
             config,
             token=token,
             transports=[loopback, LiveKitTransport()],
-            conversation_factory=conversation_factory(agent, host_connected=True),
+            conversation_factory=conversation_factory(agent, host_connected=config.keep_journal),
             experiment_chooser=lambda start: choose_experiments(
                 agent, start.session_id, start.client_context or {}, start.experiments
             ),
             join=join,
+            worker=worker,
             started_at=_STARTED_AT,
             # A direct-join runner is handed its one call; the others also serve the agent WebSocket.
             agent_socket=None
-            if mode == "direct-join"
+            if mode in ("direct-join", "worker")
             else AgentSocketSetup(
                 agent=agent,
                 api_key=os.environ.get(API_KEY_ENV) or None,
@@ -182,6 +207,20 @@ def _serve(args: argparse.Namespace) -> int:
         )
     )
     return outcome.exit_code
+
+
+def _worker_setup(args: argparse.Namespace) -> WorkerSetup:
+    """Where ``runner start`` registers; raises ValueError for what is missing."""
+    from .worker import WorkerSetup, agent_url
+
+    url = args.url or os.environ.get("LIVEKIT_URL")
+    key, secret = os.environ.get("LIVEKIT_API_KEY"), os.environ.get("LIVEKIT_API_SECRET")
+    if not url:
+        raise ValueError("runner start needs --url or LIVEKIT_URL")
+    if not key or not secret:
+        raise ValueError("runner start needs LIVEKIT_API_KEY and LIVEKIT_API_SECRET in the environment")
+    agent_url(url)
+    return WorkerSetup(url=url, api_key=key, api_secret=secret, agent_name=args.agent_name)
 
 
 def _load_knowledge(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from typing import Literal
 
 import attrs
 
-Mode = Literal["managed", "direct-join", "dev"]
+Mode = Literal["managed", "direct-join", "dev", "worker"]
 
 DEFAULT_ADDRESS = "127.0.0.1:7071"
 DEFAULT_PUBLIC_ADDRESS = "127.0.0.1:7080"
@@ -42,6 +42,7 @@ class Config:
     credit_pool: float | None = None
     agent_token_turns_per_minute: int | None = None
     agent_token_connections: int | None = None
+    keep_journal: bool = True  # a worker started with --no-journal keeps none
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:

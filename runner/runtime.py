@@ -13,6 +13,7 @@ import os
 import secrets
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -33,6 +34,7 @@ from .lifecycle import emit_lifecycle
 from .transports import Transport
 from .transports.websocket import AgentSocketService, AgentSocketSetup, WebSocketTransport
 from .wire import LifecycleEnded, LifecycleReady, LifecycleRecovered, StartCallRequest
+from .worker import AgentWorker, WorkerSetup
 
 log = logging.getLogger("runner")
 
@@ -119,6 +121,7 @@ async def serve_runner(
     handle_signals: bool = True,
     started_at: float | None = None,
     agent_socket: AgentSocketSetup | None = None,
+    worker: WorkerSetup | None = None,
     task_status: trio.TaskStatus[tuple[str, Runner]] = trio.TASK_STATUS_IGNORED,
 ) -> Outcome:
     """Run one runner until it drained; return how it ended.
@@ -135,14 +138,23 @@ async def serve_runner(
         agent_socket: Serve the agent WebSocket on ``config.public_address`` (its bound
             address is written to stderr as ``runner: public listener on HOST:PORT``
             before the ready line); ``None``: no public listener.
+        worker: Take calls from LiveKit's agent dispatch (``runner start``): the ready
+            line is printed once the worker registered, and a drain tells the server
+            to send no new jobs.
         task_status: Started with the bound address and the runner, once ready.
     """
     started_at = time.monotonic() if started_at is None else started_at
     exit_code = 0
-    async with (
-        open_journal(config.journal_path, retention_records=config.retention_records) as journal,
-        AsyncExitStack() as stack,
-    ):
+    async with AsyncExitStack() as stack:
+        journal_path = config.journal_path
+        if not config.keep_journal:
+            # The calls still run through the one journal code path, on a file that lives
+            # only as long as the process; nothing reads it, and the events stream says so.
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="curb-worker-"))
+            journal_path = Path(scratch) / "journal.db"
+        journal = await stack.enter_async_context(
+            open_journal(journal_path, retention_records=config.retention_records)
+        )
         closed = await close_open_calls(journal)
         if closed:
             await emit_lifecycle(journal, LifecycleRecovered(closed_sessions=closed))
@@ -161,7 +173,12 @@ async def serve_runner(
         closing = trio.Event()
         shutdown = trio.Event()
         app = create_management_app(
-            runner, journal, token=token, heartbeat_ms=config.heartbeat_ms, closing=closing
+            runner,
+            journal,
+            token=token,
+            heartbeat_ms=config.heartbeat_ms,
+            closing=closing,
+            keeps_journal=config.keep_journal,
         )
         joined_ok = True
 
@@ -209,6 +226,8 @@ async def serve_runner(
 
                 public_binds = await nursery.start(serve_public)
                 print(PUBLIC_LINE + public_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
+            if worker is not None:
+                await nursery.start(AgentWorker(runner, worker).serve)
             warmup_ms = int((time.monotonic() - started_at) * 1000)
             await emit_lifecycle(
                 journal,

@@ -11,7 +11,7 @@ from quart_trio import QuartTrio
 
 from journal import Journal
 
-from ..errors import InvalidRequest, RunnerTakesNoCalls, Unauthorized, UnknownVersion
+from ..errors import InvalidRequest, NoJournal, RunnerTakesNoCalls, Unauthorized, UnknownVersion
 from ..wire import (
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
@@ -46,6 +46,7 @@ def create_management_app(
     token: str,
     heartbeat_ms: int,
     closing: trio.Event,
+    keeps_journal: bool = True,
 ) -> QuartTrio:
     """The management app of one runner.
 
@@ -56,6 +57,8 @@ def create_management_app(
         heartbeat_ms: How long an idle stream waits before it writes a ping.
         closing: Set once the runner's terminal record is written: streams send
             what is left and finish, so the listener can close.
+        keeps_journal: False for a runner that keeps no journal a host could read
+            (``runner start --no-journal``): its events stream answers 404 ``no_journal``.
     """
     app = QuartTrio("runner.management")
     app.config["MAX_CONTENT_LENGTH"] = 1 << 20
@@ -80,6 +83,8 @@ def create_management_app(
 
     @app.get("/v1/runner/events")
     async def events() -> Response:
+        if not keeps_journal:
+            raise NoJournal("this runner keeps no journal (started with --no-journal)")
         cursor = parse_cursor(request.args.get("from"), journal.head)
         await check_cursor(journal, cursor)
         response = Response(

@@ -809,3 +809,17 @@ class LiveKitTransport:
             with trio.CancelScope(shield=True):
                 await session._leave()
                 await thread.aclose()
+
+
+def worker_token(api_key: str, api_secret: str, *, ttl_s: int = 600) -> str:
+    """A token for the LiveKit agent-worker socket (``/agent``): the ``agent`` grant."""
+    from datetime import timedelta
+
+    from livekit import api
+
+    return (
+        api.AccessToken(api_key, api_secret)
+        .with_grants(api.VideoGrants(agent=True))
+        .with_ttl(timedelta(seconds=ttl_s))
+        .to_jwt()
+    )

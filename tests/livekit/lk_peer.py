@@ -29,7 +29,8 @@ Ops:
   publish_mic      [rate]              publish a microphone track (one per peer)
   play             path rate           speak 16-bit mono PCM from a file into it, in real
                                        time -> {started_at, ended_at} (time.monotonic())
-  record           identity            record that participant's audio from now on
+  record           identity [within]   record that participant's audio from now on
+                                       ("*agent": the first participant of kind agent)
   wait_speech      [after] [within] [silence_ms] [path]
                                        the first stretch of speech in the recording that
                                        starts after monotonic time `after` and is followed
@@ -41,6 +42,14 @@ Ops:
                                        as quiet) -> {last_loud_at} (the last loud frame
                                        before it; null if none)
   remove_participant identity          the server API (RoomService) removes a participant
+  create_dispatch  agent_name room [metadata]   AgentDispatchService.create_dispatch
+                                       -> {dispatch_id, room}
+  create_room      room [agent_name [metadata]] RoomService.create_room (with an agent
+                                       dispatch when agent_name is given) -> {room, sid}
+  delete_room      room
+  list_participants room               -> {participants: [{identity, kind}]}
+  list_dispatch    room                -> {dispatches: [{id, agent_name, jobs: [{id, status,
+                                       error, worker_id, participant_identity}]}]}
   quit                                 disconnect and exit
 
 This is test code: the livekit SDK is asyncio, so this program is asyncio.
@@ -50,12 +59,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import sys
 import time
 from array import array
+from collections.abc import AsyncIterator
 from typing import Any
 
 from livekit import api, rtc
@@ -329,6 +340,15 @@ class PeerProgram:
         track = None
         while track is None and time.monotonic() < deadline:
             participant = self.room.remote_participants.get(identity)
+            if identity == "*agent":  # the first agent to join, whoever it is
+                participant = next(
+                    (
+                        p
+                        for p in self.room.remote_participants.values()
+                        if p.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
+                    ),
+                    None,
+                )
             for publication in participant.track_publications.values() if participant else ():
                 if publication.kind == rtc.TrackKind.KIND_AUDIO and publication.track is not None:
                     track = publication.track
@@ -416,6 +436,74 @@ class PeerProgram:
             await lkapi.room.remove_participant(
                 api.RoomParticipantIdentity(room=self.room.name, identity=req["identity"])
             )
+        finally:
+            await lkapi.aclose()
+
+    async def op_create_dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+        """AgentDispatchService.create_dispatch: explicit dispatch of ``agent_name`` to ``room``."""
+        async with self.server_api() as lkapi:
+            dispatch = await lkapi.agent_dispatch.create_dispatch(
+                api.CreateAgentDispatchRequest(
+                    agent_name=req["agent_name"], room=req["room"], metadata=req.get("metadata", "")
+                )
+            )
+        return {"dispatch_id": dispatch.id, "room": dispatch.room}
+
+    async def op_create_room(self, req: dict[str, Any]) -> dict[str, Any]:
+        """RoomService.create_room, with an agent dispatch when ``agent_name`` is given."""
+        agents = []
+        if "agent_name" in req:
+            agents = [api.RoomAgentDispatch(agent_name=req["agent_name"], metadata=req.get("metadata", ""))]
+        async with self.server_api() as lkapi:
+            room = await lkapi.room.create_room(api.CreateRoomRequest(name=req["room"], agents=agents))
+        return {"room": room.name, "sid": room.sid}
+
+    async def op_delete_room(self, req: dict[str, Any]) -> None:
+        async with self.server_api() as lkapi:
+            await lkapi.room.delete_room(api.DeleteRoomRequest(room=req["room"]))
+
+    async def op_list_dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The room's dispatches and the state of each one's jobs, as the server keeps them."""
+        async with self.server_api() as lkapi:
+            dispatches = await lkapi.agent_dispatch.list_dispatch(room_name=req["room"])
+        return {
+            "dispatches": [
+                {
+                    "id": d.id,
+                    "agent_name": d.agent_name,
+                    "jobs": [
+                        {
+                            "id": j.id,
+                            "status": api.JobStatus.Name(j.state.status),
+                            "error": j.state.error,
+                            "worker_id": j.state.worker_id,
+                            "participant_identity": j.state.participant_identity,
+                        }
+                        for j in d.state.jobs
+                    ],
+                }
+                for d in dispatches
+            ]
+        }
+
+    async def op_list_participants(self, req: dict[str, Any]) -> dict[str, Any]:
+        async with self.server_api() as lkapi:
+            answer = await lkapi.room.list_participants(api.ListParticipantsRequest(room=req["room"]))
+        return {
+            "participants": [
+                {"identity": p.identity, "kind": api.ParticipantInfo.Kind.Name(p.kind)}
+                for p in answer.participants
+            ]
+        }
+
+    @contextlib.asynccontextmanager
+    async def server_api(self) -> AsyncIterator[api.LiveKitAPI]:
+        """The server API of $LIVEKIT_URL (or the ``api_url`` this peer was started with)."""
+        url = os.environ.get("LK_PEER_API_URL") or os.environ["LIVEKIT_URL"]
+        url = url.replace("ws://", "http://").replace("wss://", "https://")
+        lkapi = api.LiveKitAPI(url, os.environ["LIVEKIT_API_KEY"], os.environ["LIVEKIT_API_SECRET"])
+        try:
+            yield lkapi
         finally:
             await lkapi.aclose()
 

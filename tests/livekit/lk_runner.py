@@ -154,14 +154,19 @@ def _parse(raw: bytes) -> Answer | None:
 
 @asynccontextmanager
 async def open_runner(
-    livekit: LiveKitEnv, journal: Path, *extra: str, agent: str | None = None
+    livekit: LiveKitEnv,
+    journal: Path,
+    *extra: str,
+    agent: str | None = None,
+    command: str = "serve",
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Host]:
-    """``runner serve AGENT`` inside the namespace, ready; killed (by pid) on exit."""
+    """``runner COMMAND AGENT`` inside the namespace, ready; killed (by pid) on exit."""
     argv = [
         sys.executable,
         "-m",
         "runner",
-        "serve",
+        command,
         agent or agent_spec(),
         "--address",
         "127.0.0.1:0",
@@ -169,9 +174,12 @@ async def open_runner(
         str(journal),
         *extra,
     ]
-    env = livekit.env({"CURB_MANAGEMENT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"})
     process = await livekit.open_process(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO)
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=livekit.env({"CURB_MANAGEMENT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1", **(env or {})}),
+        cwd=str(REPO),
     )
     runner = RunnerProcess(process, journal)
     log = journal.with_suffix(".stderr")
