@@ -31,6 +31,7 @@ from .errors import (
     StartFailed,
 )
 from .lifecycle import emit_lifecycle
+from .logs import bind_session
 from .transports import (
     CallTarget,
     Disconnected,
@@ -263,8 +264,16 @@ class Call:
     async def run(self) -> None:
         """The call's whole life. Always ends with ``curb.ended``."""
         reason = "ended"
+        bind_session(self.session_id)
+        began = trio.current_time()
         try:
             await self.record.event("curb.started", self._started_payload())
+            log.info(
+                "call %s started (transport %s, %s)",
+                self.session_id,
+                self._transport.name,
+                self.start.direction,
+            )
             if self._conversation_factory is not None:
                 try:
                     self.conversation = self._conversation_factory(self.context, self.record)
@@ -284,6 +293,13 @@ class Call:
             self._start_outcome.set()
             with trio.CancelScope(shield=True):
                 await self.record.event("curb.ended", {"reason": reason}, closes=True)
+            log.info(
+                "call %s ended (transport %s, reason %s) after %.1f s",
+                self.session_id,
+                self._transport.name,
+                reason,
+                trio.current_time() - began,
+            )
             self._ended.set()
 
     def _started_payload(self) -> dict[str, Any]:

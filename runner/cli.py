@@ -12,22 +12,62 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .config import DEFAULT_ADDRESS, DEFAULT_PUBLIC_ADDRESS, Config
+from .config import DEFAULT_ADDRESS, DEFAULT_PUBLIC_ADDRESS, ENVIRONMENT, Config
 
 if TYPE_CHECKING:
     from .worker import WorkerSetup
 
 _STARTED_AT = time.monotonic()
 
+log = logging.getLogger("runner")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .wire import PROTOCOL_VERSION
+
+    try:
+        package = version("curb-runner")
+    except PackageNotFoundError:  # pragma: no cover - run from a tree that was never installed
+        package = "unknown"
+    return f"runner {package} (host protocol {PROTOCOL_VERSION}, agent WebSocket ino.v2)"
+
+
+def _add_logging(parser: argparse.ArgumentParser, default_level: str = "info") -> None:
+    from .logs import FORMATS, LEVELS
+
+    parser.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        type=str.lower,
+        help=f"the least severe log lines written to stderr (default {default_level}; CURB_LOG_LEVEL)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        help="text for people, json for a log collector: one object a line (default text; CURB_LOG_FORMAT)",
+    )
+    parser.set_defaults(default_log_level=default_level)
+
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "agent", nargs="?", help="the agent: a module or module:attr (default: the built-in example)"
+    )
+    _add_logging(parser)
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="warm the agent up (build its providers, look up their keys), then exit",
+    )
+    parser.add_argument(
+        "--metrics-address", help="also serve Prometheus metrics on HOST:PORT at /metrics, without auth"
     )
     parser.add_argument(
         "--address", help=f"management listener HOST:PORT (default {DEFAULT_ADDRESS}; port 0 picks one)"
@@ -62,8 +102,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="runner", description="A self-hosted runner for real-time voice agents."
+        prog="runner",
+        description="A self-hosted runner for real-time voice agents.",
+        epilog="environment (a flag wins over its variable):\n"
+        + "\n".join(f"  {name:<34} {what}" for name, what in ENVIRONMENT.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="a managed runner: a host places calls over the management API")
@@ -100,6 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     console.add_argument("--text", action="store_true", help="text only: print replies, speak nothing")
     console.add_argument("--wav", default="console.wav", help="where spoken replies go without --text")
+    # The console's terminal is the conversation: only errors interrupt it unless asked.
+    _add_logging(console, default_level="error")
 
     knowledge = sub.add_parser("knowledge", help="an agent's knowledge entries, for the agent WebSocket")
     knowledge_sub = knowledge.add_subparsers(dest="knowledge_command", required=True)
@@ -113,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
         default="runner-journal.db",
         help="the runner's journal file (default ./runner-journal.db)",
     )
+    _add_logging(load, default_level="warning")
 
     replay = sub.add_parser("replay", help="print a journal's records, live or after the fact")
     replay.add_argument(
@@ -123,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--class", dest="cls")
     replay.add_argument("--follow", action="store_true", help="keep printing new records")
     replay.add_argument("--json", action="store_true", help="lines identical to the events stream's")
+    _add_logging(replay, default_level="warning")
     return parser
 
 
@@ -143,12 +192,13 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
         deployment_id=getattr(args, "deployment_id", None),
         configuration_version=getattr(args, "configuration_version", None),
         keep_journal=False if getattr(args, "no_journal", False) else None,
+        metrics_address=args.metrics_address,
     )
 
 
 def _serve(args: argparse.Namespace) -> int:
     from .agent import load_agent
-    from .agent._runtime import choose_experiments, conversation_factory, warm_up
+    from .agent._runtime import choose_experiments, conversation_factory
     from .runtime import API_KEY_ENV, freeze_startup_heap, resolve_token, serve_runner
     from .transports.livekit import LiveKitTransport
     from .transports.loopback import LoopbackTransport
@@ -168,7 +218,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"runner: {exc}", file=sys.stderr)
         return 2
     agent = load_agent(args.agent)
-    trio.run(warm_up, agent)
+    if not _warm_up(agent):
+        return 1
+    if args.check:
+        log.info("agent %s is warm and its providers have their keys", agent.name)
+        return 0
     token = resolve_token(config)
     loopback = LoopbackTransport()
     join = None
@@ -264,10 +318,40 @@ def _load_knowledge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_logging(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> None:
+    """Flags first, then CURB_LOG_LEVEL / CURB_LOG_FORMAT; a bad variable is named (ValueError)."""
+    from .logs import FORMATS, LEVELS, configure_logging
+
+    level = args.log_level or environ.get("CURB_LOG_LEVEL", "").lower() or args.default_log_level
+    if level not in LEVELS:
+        raise ValueError(f"CURB_LOG_LEVEL must be one of {', '.join(LEVELS)}, got {level!r}")
+    log_format = args.log_format or environ.get("CURB_LOG_FORMAT", "").lower() or "text"
+    if log_format not in FORMATS:
+        raise ValueError(f"CURB_LOG_FORMAT must be one of {', '.join(FORMATS)}, got {log_format!r}")
+    configure_logging(level, log_format)
+
+
+def _warm_up(agent: Any) -> bool:
+    """Build every provider the agent names and look up its key; False (said once) if one fails."""
+    from .agent._runtime import WarmUpFailed, warm_up
+
+    try:
+        trio.run(warm_up, agent)
+    except WarmUpFailed as exc:
+        # No ready line, a non-zero exit, and one line saying what to fix.
+        log.error("warm-up failed: %s", exc)
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runner`` console script."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
+    try:
+        _configure_logging(args)
+    except ValueError as exc:
+        print(f"runner: {exc}", file=sys.stderr)
+        return 2
     if args.command == "replay":
         from .replay import replay
 
@@ -288,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .console import run_console
 
         agent = load_agent(args.agent)
+        if not _warm_up(agent):
+            return 1
         return trio.run(lambda: run_console(agent, text_only=args.text, wav_path=Path(args.wav)))
     try:
         return _serve(args)
@@ -295,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         # A warmup failure: no ready line, a non-zero exit, and the cause on stderr.
-        logging.getLogger("runner").error("the runner failed: %s", exc, exc_info=exc)
+        log.error("the runner failed: %s", exc, exc_info=exc)
         return 1
 
 

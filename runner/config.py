@@ -14,6 +14,28 @@ Mode = Literal["managed", "direct-join", "dev", "worker"]
 DEFAULT_ADDRESS = "127.0.0.1:7071"
 DEFAULT_PUBLIC_ADDRESS = "127.0.0.1:7080"
 
+#: Every ``CURB_*`` variable the runner reads, with what it sets: ``runner --help`` prints this
+#: table and docs/configuration.md repeats it (a test keeps the two and the code in step).
+ENVIRONMENT: dict[str, str] = {
+    "CURB_ADDRESS": f"management listener HOST:PORT (--address; default {DEFAULT_ADDRESS})",
+    "CURB_PUBLIC_ADDRESS": f"public listener HOST:PORT (--public-address; default {DEFAULT_PUBLIC_ADDRESS})",
+    "CURB_JOURNAL": "the journal file (--journal; default ./runner-journal.db)",
+    "CURB_RETENTION": "records the journal keeps (--retention; default 4096)",
+    "CURB_MAX_SESSIONS": "calls held at once (--max-sessions; default 1)",
+    "CURB_DEPLOYMENT_ID": "refuse calls for another deployment (--deployment-id)",
+    "CURB_CONFIGURATION_VERSION": "refuse calls for another configuration (--configuration-version)",
+    "CURB_HEARTBEAT_MS": "ping interval of an idle events stream (--heartbeat-ms; default 15000)",
+    "CURB_AGENT_IDLE_SECONDS": "an idle agent socket is closed (--agent-idle-seconds; default 300)",
+    "CURB_CREDIT_POOL": "the runner's own credits for agent sockets (--credit-pool)",
+    "CURB_AGENT_TOKEN_TURNS_PER_MINUTE": "turns one token may take a minute (--agent-token-turns-per-minute)",
+    "CURB_AGENT_TOKEN_CONNECTIONS": "open sockets one token may hold (--agent-token-connections)",
+    "CURB_METRICS_ADDRESS": "also serve /metrics, without auth, on HOST:PORT (--metrics-address)",
+    "CURB_MANAGEMENT_TOKEN": "the management bearer token (default: one made and kept beside the journal)",
+    "CURB_API_KEY": "the key agent-socket tokens are checked against (default: none)",
+    "CURB_LOG_LEVEL": "debug, info, warning or error (--log-level; default info)",
+    "CURB_LOG_FORMAT": "text or json (--log-format; default text)",
+}
+
 
 def parse_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (or ``[::1]:PORT``) as a host and a port; raises ValueError."""
@@ -43,6 +65,7 @@ class Config:
     agent_token_turns_per_minute: int | None = None
     agent_token_connections: int | None = None
     keep_journal: bool = True  # a worker started with --no-journal keeps none
+    metrics_address: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
@@ -61,11 +84,18 @@ class Config:
             "credit_pool": "CURB_CREDIT_POOL",
             "agent_token_turns_per_minute": "CURB_AGENT_TOKEN_TURNS_PER_MINUTE",
             "agent_token_connections": "CURB_AGENT_TOKEN_CONNECTIONS",
+            "metrics_address": "CURB_METRICS_ADDRESS",
         }
+        # Where each value came from, so a bad one is reported by the name the user gave it.
+        source: dict[str, str] = {}
         for field, name in env.items():
             if environ.get(name):
                 values[field] = environ[name]
-        values.update({k: v for k, v in overrides.items() if v is not None})
+                source[field] = name
+        for field, value in overrides.items():
+            if value is not None:
+                values[field] = value
+                source[field] = _FLAGS.get(field, "--" + field.replace("_", "-"))
         for field in (
             "retention_records",
             "max_sessions",
@@ -76,23 +106,41 @@ class Config:
             "agent_token_connections",
         ):
             if field in values:
-                values[field] = int(str(values[field]))
+                values[field] = _convert(int, values[field], source[field], "an integer")
         if "credit_pool" in values:
-            values["credit_pool"] = float(str(values["credit_pool"]))
+            values["credit_pool"] = _convert(float, values["credit_pool"], source["credit_pool"], "a number")
         if "journal_path" in values:
             values["journal_path"] = Path(str(values["journal_path"]))
         config = cls(**values)  # type: ignore[arg-type]
-        parse_address(config.address)
-        parse_address(config.public_address)
-        if config.retention_records < 1 or config.max_sessions < 1:
-            raise ValueError("retention and max sessions must be at least 1")
-        if config.agent_idle_seconds < 1:
-            raise ValueError("agent idle seconds must be at least 1")
-        if config.credit_pool is not None and config.credit_pool < 0:
-            raise ValueError("the credit pool must not be negative")
-        for limit in (config.agent_token_turns_per_minute, config.agent_token_connections):
-            if limit is not None and limit < 1:
-                raise ValueError("per-token limits must be at least 1")
-        if config.configuration_version is not None and config.configuration_version < 1:
-            raise ValueError("configuration version must be a positive integer")
+        for field in ("address", "public_address", "metrics_address"):
+            address = getattr(config, field)
+            if address is not None:
+                try:
+                    parse_address(address)
+                except ValueError as exc:
+                    raise ValueError(f"{source.get(field, field)}: {exc}") from None
+
+        def check(field: str, ok: bool, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"{source.get(field, field)} {rule}, got {getattr(config, field)!r}")
+
+        check("retention_records", config.retention_records >= 1, "must be at least 1")
+        check("max_sessions", config.max_sessions >= 1, "must be at least 1")
+        check("agent_idle_seconds", config.agent_idle_seconds >= 1, "must be at least 1")
+        check("credit_pool", config.credit_pool is None or config.credit_pool >= 0, "must not be negative")
+        for field in ("agent_token_turns_per_minute", "agent_token_connections"):
+            limit = getattr(config, field)
+            check(field, limit is None or limit >= 1, "must be at least 1")
+        version = config.configuration_version
+        check("configuration_version", version is None or version >= 1, "must be a positive integer")
         return config
+
+
+_FLAGS = {"journal_path": "--journal", "retention_records": "--retention"}
+
+
+def _convert(kind: type[int] | type[float], value: object, name: str, what: str) -> int | float:
+    try:
+        return kind(str(value))
+    except ValueError:
+        raise ValueError(f"{name} must be {what}, got {str(value)!r}") from None

@@ -16,6 +16,7 @@ import trio
 from .agent import Agent
 from .agent._runtime import AgentRuntime, choose_experiments
 from .calls import CallContext
+from .logs import bind_session
 from .transports.loopback import LoopbackSession
 from .voice.audio import write_wav
 from .voice.engine import AudioData, AudioStart, ReplyDelta, ToolEnded, ToolStarted, TurnEvent, TurnFinished
@@ -33,9 +34,10 @@ async def run_console(
     stdin: TextIO = sys.stdin,
     stdout: TextIO = sys.stdout,
 ) -> int:
-    """Converse until end of input; return the exit code."""
+    """Converse until end of input; return the exit code (1 if a turn failed)."""
     tty = stdout.isatty()
     session_id = "console"
+    bind_session(session_id)
     call = CallContext(
         session_id=session_id,
         direction="inbound",
@@ -49,6 +51,7 @@ async def run_console(
     session = LoopbackSession("app")
     audio = bytearray()
     rate = 0
+    failed = 0
 
     async def show(event: TurnEvent) -> None:
         nonlocal rate
@@ -65,7 +68,15 @@ async def run_console(
         elif isinstance(event, AudioData) and not text_only:
             audio.extend(event.pcm)
         elif isinstance(event, TurnFinished):
-            timings = event.result.timings
+            result = event.result
+            if result.error_code is not None:
+                # In place of the reply a provider error would leave empty: what went wrong.
+                nonlocal failed
+                failed += 1
+                stdout.write(
+                    f"{' ' if result.text else ''}[turn failed at the {result.stage}: {result.reason}]"
+                )
+            timings = result.timings
             note = f"  ({timings.total_ms} ms"
             if timings.model_first_text_ms is not None:
                 note += f", first text {timings.model_first_text_ms} ms"
@@ -89,7 +100,7 @@ async def run_console(
     if not text_only and wav_path is not None and audio:
         write_wav(wav_path, bytes(audio), rate)
         stdout.write(_dim(f"speech written to {wav_path}", tty) + "\n")
-    return 0
+    return 1 if failed else 0
 
 
 def _without_voice(agent: Agent) -> Agent:

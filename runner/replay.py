@@ -28,7 +28,10 @@ def summarize(record: Record) -> str:
         arrow = "ask" if body.get("expectsReply") else "to host"
         return f"{arrow} {body.get('name')} id={body.get('id')}"
     if kind == "turn":
-        return f"{body.get('role')}: {str(body.get('text', ''))[:120]}"
+        line = f"{body.get('role')}: {str(body.get('text', ''))[:120]}"
+        if body.get("interrupted"):
+            line += f" [interrupted: {body.get('reason') or 'no reason given'}]"
+        return line
     return json.dumps(dict(body), separators=(",", ":"))[:140]
 
 

@@ -76,7 +76,7 @@ def resolve_token(config: Config, environ: dict[str, str] | os._Environ[str] = o
         with os.fdopen(fd, "w", encoding="utf-8") as file:
             file.write(token + "\n")
     os.chmod(path, 0o600)
-    print(f"runner: {TOKEN_ENV} is not set; the management token is in {path}", file=sys.stderr)
+    log.info("%s is not set; the management token is in %s", TOKEN_ENV, path)
     return token
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import attrs
@@ -228,3 +229,24 @@ def speaker(base_url: str) -> Agent:
         tts=TTS(provider="espeak", voice="en"),
         adjustable={"host": ["tts.voice", "llm"]},
     )
+
+
+# -- Operability (tests/test_cli.py, tests/test_logs.py) -------------------------------------
+
+# Names OpenAI: without OPENAI_API_KEY its warm-up fails.
+needs_openai = Agent(
+    "needs-openai", instructions="You answer briefly.", llm=LLM(provider="openai", model="gpt-4o-mini")
+)
+
+# Opens every call with a model turn against an endpoint that refuses connections (the test
+# binds a socket without listening and passes its URL): the turn fails at the model.
+unreachable_model = Agent(
+    "unreachable-model",
+    instructions="You answer briefly.",
+    greeting=True,
+    llm=LLM(
+        provider="openai-compatible",
+        model="house-model",
+        base_url=os.environ.get("TEST_LLM_URL", "http://127.0.0.1:9/v1"),
+    ),
+)

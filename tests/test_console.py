@@ -92,3 +92,24 @@ async def test_spoken_console_writes_console_wav_by_default(tmp_path: Path) -> N
     done = await console(stdin="hello\n", cwd=tmp_path)
     assert done.returncode == 0, done.stderr.decode()
     assert (tmp_path / "console.wav").stat().st_size > 44
+
+
+async def test_a_failed_turn_is_said_in_place_of_the_reply_and_the_exit_is_1(tmp_path: Path) -> None:
+    from .test_logs import refusing_url
+
+    with refusing_url() as url:
+        agent = tmp_path / "broken.py"
+        agent.write_text(
+            "from runner.agent import Agent, LLM\n"
+            "agent = Agent('broken', instructions='.',\n"
+            f"    llm=LLM(provider='openai-compatible', model='m', base_url={url!r}))\n",
+            encoding="utf-8",
+        )
+        done = await console("--text", f"{agent}:agent", stdin="hello\n", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr.decode()
+    (line,) = done.stdout.decode().splitlines()
+    assert line.startswith(
+        "[turn failed at the model: unavailable: cannot reach openai-compatible: ConnectError]  ("
+    ), line
+    # The conversation is the terminal: by default no log line interrupts it.
+    assert done.stderr == b""

@@ -120,7 +120,7 @@ async def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
 
 
 async def test_a_reader_that_leaves_is_cleaned_up_within_two_heartbeats(tmp_path: Path) -> None:
-    async with start_runner(tmp_path / "j.db", "--heartbeat-ms", "300") as runner:
+    async with start_runner(tmp_path / "j.db", "--heartbeat-ms", "300", "--log-level", "debug") as runner:
         async with open_events(runner, "from=0") as events:
             await events.lines(1)
         with trio.fail_after(0.6 + 1.0):  # two heartbeats, plus the margin of a loaded machine

@@ -33,6 +33,7 @@ from ..voice.engine import (
     AudioData,
     AudioStart,
     Hear,
+    SpeechFailed,
     ToolConfirmRequested,
     ToolOutcome,
     Turn,
@@ -155,23 +156,60 @@ def build_stt(spec: STT) -> Any:
     return make_stt(spec.provider, language=spec.language)
 
 
+_STAGE_NAMES = {"stt": "speech recognition (stt)", "model": "model (llm)", "tts": "voice (tts)"}
+
+
+class WarmUpFailed(Exception):
+    """The agent cannot take calls as it is: a provider it names cannot be built or has no key."""
+
+
 async def warm_up(agent: Agent) -> None:
-    """Build the agent's own providers once, so a broken one fails the runner's warmup
-    (no ready line) rather than its first call, and the first call starts warm.
+    """Build every provider the agent (and its skills) names and look up its key.
+
+    A broken one fails the runner's warm-up (no ready line) rather than its first call,
+    and the first call starts warm.
+
+    Raises:
+        WarmUpFailed: One line naming the agent, each provider that failed, and why (for a
+            missing key, the variable to set).
     """
-    for spec in (agent.llm, *(s.llm for s in agent.skills if s.llm)):
-        make_llm(spec.provider, spec.model, base_url=spec.base_url, api_key_env=spec.api_key_env)
-    for tts in (agent.tts, *(s.tts for s in agent.skills if s.tts)):
-        if tts is not None:
-            provider = build_tts(tts)
-            if tts.provider == "espeak":
-                async for _ in provider.synthesize("ready"):
-                    pass
-    for stt in (agent.stt, *(s.stt for s in agent.skills if s.stt)):
-        if stt is not None:
-            provider = build_stt(stt)
-            if hasattr(provider, "warm_up"):
-                await provider.warm_up()
+    problems: list[str] = []
+
+    def build(kind: str, spec: LLM | TTS | STT) -> Any:
+        try:
+            if isinstance(spec, LLM):
+                provider = make_llm(
+                    spec.provider, spec.model, base_url=spec.base_url, api_key_env=spec.api_key_env
+                )
+            else:
+                provider = build_tts(spec) if isinstance(spec, TTS) else build_stt(spec)
+        except (ProviderError, ValueError) as exc:
+            problems.append(f"{kind} provider {spec.provider!r} cannot be built: {exc}")
+            return None
+        missing = getattr(provider, "missing_key", None)
+        if missing:
+            problems.append(f"{kind} provider {spec.provider!r} needs {missing}, which is not set")
+            return None
+        return provider
+
+    for spec in _named(agent.llm, agent, "llm"):
+        build("LLM", spec)
+    voices = [build("TTS", spec) for spec in _named(agent.tts, agent, "tts")]
+    hearing = [build("STT", spec) for spec in _named(agent.stt, agent, "stt")]
+    if problems:
+        raise WarmUpFailed(f"agent {agent.name!r}: " + "; ".join(problems))
+    for provider in voices:
+        if provider is not None and provider.provider == "espeak":
+            async for _ in provider.synthesize("ready"):
+                pass
+    for provider in hearing:
+        if provider is not None and hasattr(provider, "warm_up"):
+            await provider.warm_up()
+
+
+def _named(own: Any, agent: Agent, attr: str) -> list[Any]:
+    """The agent's own choice and its skills', once each."""
+    return [t for t in dict.fromkeys((own, *(getattr(s, attr) for s in agent.skills))) if t is not None]
 
 
 class AgentRuntime:
@@ -300,7 +338,25 @@ class AgentRuntime:
             for call_id, pending in list(self._pending.items()):
                 if pending.turn != event.result.turn:
                     del self._pending[call_id]
-            await self._record_turn(event.result)
+            result = event.result
+            if result.error_code is not None:
+                log.warning(
+                    "call %s: turn %s failed at the %s: %s",
+                    self.call.session_id,
+                    result.turn,
+                    _STAGE_NAMES.get(result.stage or "", result.stage),
+                    result.reason,
+                )
+            await self._record_turn(result)
+        elif isinstance(event, SpeechFailed):
+            log.warning(
+                "call %s: turn %s could not speak sentence %d (tts): %s: %s",
+                self.call.session_id,
+                event.turn,
+                event.chunk,
+                event.code,
+                event.message,
+            )
         for listener in self._listeners:
             await listener(event)
 

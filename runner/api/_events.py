@@ -87,4 +87,4 @@ async def stream_lines(
     finally:
         # Under Hypercorn/Trio a stream learns its reader left only when a write
         # fails, so pings bound how long a dead stream lingers.
-        log.info("events stream from %d closed", start)
+        log.debug("events stream from %d closed", start)

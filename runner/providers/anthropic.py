@@ -283,6 +283,11 @@ class AnthropicLLM:
         self._api_key_env = api_key_env
         self._api_key = api_key if api_key is not None else _env_key(api_key_env)
 
+    @property
+    def missing_key(self) -> str | None:
+        """The variable to set when this provider has no key (checked at warm-up)."""
+        return self._api_key_env if self._api_key is None else None
+
     def __repr__(self) -> str:
         return f"AnthropicLLM(model={self.model!r}, base_url={self.base_url!r})"
 

@@ -119,6 +119,11 @@ class AzureSTT:
         self._http = http
         self._api_key = api_key if api_key is not None else _env_key(AZURE_SPEECH_KEY_ENV)
 
+    @property
+    def missing_key(self) -> str | None:
+        """The variable to set when this provider has no key (checked at warm-up)."""
+        return None if self._api_key else AZURE_SPEECH_KEY_ENV
+
     def __repr__(self) -> str:
         return f"AzureSTT(language={self.language!r}, base_url={self.base_url!r})"
 

@@ -172,6 +172,11 @@ class KugelAudioTTS:
                 "invalid_settings", f"KugelAudio base_url must be http(s)://host, got {base_url!r}"
             )
 
+    @property
+    def missing_key(self) -> str | None:
+        """The variable to set when this provider has no key (checked at warm-up)."""
+        return None if self._api_key else KUGELAUDIO_KEY_ENV
+
     def __repr__(self) -> str:
         return f"KugelAudioTTS(voice={self.voice!r}, model={self.model!r}, base_url={self.base_url!r})"
 

@@ -390,6 +390,13 @@ def _resolve_key(
     return (api_key if api_key is not None else _env_key(env)), env
 
 
+def _missing_key(api_key: str | None, env: str | None, provider: str) -> str | None:
+    """OpenAI always needs a key; a compatible endpoint only when told which variable holds it."""
+    if api_key is None and (provider == "openai" or env is not None):
+        return env or "OPENAI_API_KEY"
+    return None
+
+
 def _require_key(api_key: str | None, env: str | None, provider: str) -> None:
     """OpenAI itself always needs a key; a compatible endpoint may take none."""
     if api_key is None and provider == "openai":
@@ -435,6 +442,11 @@ class OpenAILLM:
         self.max_stream_s = max_stream_s
         self._http = http
         self._api_key, self._api_key_env = _resolve_key(api_key, api_key_env, provider)
+
+    @property
+    def missing_key(self) -> str | None:
+        """The variable to set when this provider needs a key and has none (checked at warm-up)."""
+        return _missing_key(self._api_key, self._api_key_env, self.provider)
 
     def __repr__(self) -> str:
         return f"OpenAILLM(model={self.model!r}, provider={self.provider!r}, base_url={self.base_url!r})"
@@ -626,6 +638,11 @@ class OpenAITTS:
         self._http = http
         self._api_key, self._api_key_env = _resolve_key(api_key, api_key_env, provider)
 
+    @property
+    def missing_key(self) -> str | None:
+        """The variable to set when this provider needs a key and has none (checked at warm-up)."""
+        return _missing_key(self._api_key, self._api_key_env, self.provider)
+
     def __repr__(self) -> str:
         return (
             f"OpenAITTS(model={self.model!r}, voice={self.voice!r}, provider={self.provider!r}, "
@@ -722,6 +739,11 @@ class OpenAISTT:
         self.base_url = base_url.rstrip("/")
         self._http = http
         self._api_key, self._api_key_env = _resolve_key(api_key, api_key_env, provider)
+
+    @property
+    def missing_key(self) -> str | None:
+        """The variable to set when this provider needs a key and has none (checked at warm-up)."""
+        return _missing_key(self._api_key, self._api_key_env, self.provider)
 
     def __repr__(self) -> str:
         return (

@@ -173,6 +173,8 @@ class TurnResult:
     timings: Timings
     heard: str | None = None
     heard_seconds: float | None = None
+    #: Where a failed turn failed (``"stt"``, ``"model"``), with ``error_code``.
+    stage: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -251,6 +253,7 @@ class Turn:
         self._first_audio: float | None = None
         self._thoughts = False
         self._after_filler = False
+        self._stage = "model"
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop generating and speaking; the turn ends interrupted with what was said so far."""
@@ -305,6 +308,7 @@ class Turn:
         with self._scope:
             try:
                 if hear is not None:
+                    self._stage = "stt"
                     heard, heard_seconds = await hear()
                     self._history.append(ChatMessage(role="user", content=heard))
                     await self._emit(Heard(turn=self.id, text=heard, audio_seconds=heard_seconds))
@@ -314,6 +318,7 @@ class Turn:
                     )
                     for call in run_first:
                         await self._run_tool(call, 0)
+                self._stage = "model"
                 await self._produce(scripted)
             except ProviderError as exc:
                 error_code = exc.code
@@ -337,6 +342,7 @@ class Turn:
             ),
             heard=heard,
             heard_seconds=heard_seconds,
+            stage=self._stage if error_code is not None else None,
         )
         with trio.CancelScope(shield=True):
             await self._emit(TurnFinished(result=result))
