@@ -8,6 +8,7 @@ pocketsphinx transcribes them well in espeak's clear US voice.
 from __future__ import annotations
 
 import attrs
+import trio
 
 from runner.agent import LLM, STT, TTS, Agent, Context
 
@@ -80,3 +81,50 @@ talker = Agent(
         "If you can still hear this sentence, the barge-in did not work."
     ),
 )
+
+
+# The seed's client-side example (tests/livekit/test_browser_client.py): a claim opens a form in
+# the app, a quote has a price. KugelAudio takes the example's numeric voice 17; it never speaks
+# here (no greeting, no ears), so its key is never used and nothing reaches the network.
+web = Agent(
+    "lk-web",
+    instructions="You answer briefly.",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="kugelaudio", voice=1072),
+    adjustable={"client": ["tts.voice"], "host": ["tts.voice"]},
+)
+
+
+@attrs.frozen
+class Claim:
+    claimId: str
+
+
+@web.on_message("claim-submitted", sender="client", schema=Claim)
+def claim_submitted(ctx: Context, claim: Claim) -> dict[str, object]:
+    ctx.send.to_client("show-form", {"claimId": claim.claimId, "fields": ["name", "date"]})
+    return {"received": claim.claimId}
+
+
+@web.on_message("quote", sender="client", schema=Quote)
+def web_quote(ctx: Context, request: Quote) -> dict[str, object]:
+    return {"price": 17 if request.plan == "basic" else 42}
+
+
+@web.on_message("slow", sender="client")
+async def slow(ctx: Context, payload: object) -> dict[str, object]:
+    await trio.sleep(3)
+    return {"done": True}
+
+
+web.on_message("boom", sender="client")(boom)
+
+# The same, with nothing the client may adjust.
+web_fixed = Agent(
+    "lk-web-fixed",
+    instructions="You answer briefly.",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="espeak", voice="en"),
+    adjustable={"host": ["tts.voice"]},
+)
+web_fixed.handlers = web.handlers

@@ -409,9 +409,11 @@ class LiveKitEnv:
         attributes: dict[str, str] | None = None,
         name: str | None = None,
         ready_timeout: float = PEER_READY_TIMEOUT,
+        program: str | os.PathLike[str] = PEER_SCRIPT,
     ) -> AsyncIterator[Peer]:
-        """A participant process (lk_peer.py) connected to ``room``; ``kind`` and
-        ``attributes`` go into its token (see :meth:`token`)."""
+        """A participant process connected to ``room``; ``kind`` and ``attributes`` go into
+        its token (see :meth:`token`). ``program`` is lk_peer.py (the Python SDK) unless the
+        test names another with its protocol (lk_browser.py: a page in Chromium)."""
         seq = next(self._seq)
         stderr_path = self.workdir / f"peer-{seq}-{identity}.log"
         env = self.env(
@@ -424,7 +426,7 @@ class LiveKitEnv:
         )
         with open(stderr_path, "wb") as stderr:
             proc = await self.open_process(
-                [sys.executable, PEER_SCRIPT, "--url", self.url],
+                [sys.executable, program, "--url", self.url],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
