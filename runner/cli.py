@@ -7,6 +7,7 @@ loading agents, speech or transports.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import secrets
@@ -136,15 +137,18 @@ def _parser() -> argparse.ArgumentParser:
         "--no-journal", action="store_true", help="keep no journal: the events stream answers 404 no_journal"
     )
 
-    dev = sub.add_parser("dev", help="one local call over the loopback transport, with the management port")
+    dev = sub.add_parser(
+        "dev", help="talk to the agent in the terminal and in the browser; reloads when its file is saved"
+    )
     _add_common(dev)
+    dev.add_argument("--max-sessions", type=int, help="calls held at once (default 4)")
 
     console = sub.add_parser("console", help="talk to an agent in the terminal (no transport, no server)")
     console.add_argument(
         "agent", nargs="?", help="the agent: a module or module:attr (default: the built-in example)"
     )
     console.add_argument("--text", action="store_true", help="text only: print replies, speak nothing")
-    console.add_argument("--wav", default="console.wav", help="where spoken replies go without --text")
+    console.add_argument("--wav", help="also write the replies' speech to this WAV file")
     # The console's terminal is the conversation: only errors interrupt it unless asked.
     _add_logging(console, default_level="error")
 
@@ -175,6 +179,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A dev runner holds the terminal's call and the playground's, with room for a reload's overlap.
+DEV_MAX_SESSIONS = 4
+
+
+def _max_sessions(args: argparse.Namespace, mode: str) -> int | None:
+    given: int | None = getattr(args, "max_sessions", None)
+    if mode == "dev" and given is None and not os.environ.get("CURB_MAX_SESSIONS"):
+        return DEV_MAX_SESSIONS
+    return given
+
+
 def _config(args: argparse.Namespace, mode: str) -> Config:
     return Config.from_env(
         mode=mode,
@@ -188,7 +203,7 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
         credit_pool=args.credit_pool,
         agent_token_turns_per_minute=args.agent_token_turns_per_minute,
         agent_token_connections=args.agent_token_connections,
-        max_sessions=getattr(args, "max_sessions", None),
+        max_sessions=_max_sessions(args, mode),
         deployment_id=getattr(args, "deployment_id", None),
         configuration_version=getattr(args, "configuration_version", None),
         keep_journal=False if getattr(args, "no_journal", False) else None,
@@ -232,35 +247,45 @@ def _serve(args: argparse.Namespace) -> int:
             realtime_url=args.url,
             realtime_token=args.token,
         )
-    elif args.command == "dev":
-        join = StartCallRequest(session_id="dev", realtime_url="loopback://dev", realtime_token="dev")
+    dev = None
+    factory = conversation_factory(agent, host_connected=config.keep_journal)
+    if args.command == "dev":
+        from .dev import Dev
+
+        # The dev runner holds its terminal's call itself, and restarts it on a reload.
+        dev = Dev(args.agent, agent, loopback, sys.stderr)
+        factory = dev.conversation_factory()
     freeze_startup_heap()
-    outcome = trio.run(
-        lambda: serve_runner(
-            config,
-            token=token,
-            transports=[loopback, LiveKitTransport()],
-            conversation_factory=conversation_factory(agent, host_connected=config.keep_journal),
-            experiment_chooser=lambda start: choose_experiments(
-                agent, start.session_id, start.client_context or {}, start.experiments
-            ),
-            join=join,
-            worker=worker,
-            started_at=_STARTED_AT,
-            # A direct-join runner is handed its one call; the others also serve the agent WebSocket.
-            agent_socket=None
-            if mode in ("direct-join", "worker")
-            else AgentSocketSetup(
-                agent=agent,
-                api_key=os.environ.get(API_KEY_ENV) or None,
-                idle_seconds=config.agent_idle_seconds,
-                credit_pool=config.credit_pool,
-                token_turns_per_minute=config.agent_token_turns_per_minute,
-                token_connections=config.agent_token_connections,
-            ),
-        )
+    serve = functools.partial(
+        serve_runner,
+        config,
+        token=token,
+        transports=[loopback, LiveKitTransport()],
+        conversation_factory=factory,
+        experiment_chooser=lambda start: choose_experiments(
+            dev.agent if dev is not None else agent,
+            start.session_id,
+            start.client_context or {},
+            start.experiments,
+        ),
+        join=join,
+        worker=worker,
+        started_at=_STARTED_AT,
+        # A direct-join runner is handed its one call; the others also serve the agent WebSocket.
+        agent_socket=None
+        if mode in ("direct-join", "worker")
+        else AgentSocketSetup(
+            agent=agent,
+            api_key=os.environ.get(API_KEY_ENV) or None,
+            idle_seconds=config.agent_idle_seconds,
+            credit_pool=config.credit_pool,
+            token_turns_per_minute=config.agent_token_turns_per_minute,
+            token_connections=config.agent_token_connections,
+        ),
     )
-    return outcome.exit_code
+    if dev is not None:
+        return trio.run(dev.run, serve, sys.stdin).exit_code
+    return trio.run(serve).exit_code
 
 
 def _worker_setup(args: argparse.Namespace) -> WorkerSetup:
@@ -374,7 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent = load_agent(args.agent)
         if not _warm_up(agent):
             return 1
-        return trio.run(lambda: run_console(agent, text_only=args.text, wav_path=Path(args.wav)))
+        return trio.run(
+            lambda: run_console(agent, text_only=args.text, wav_path=Path(args.wav) if args.wav else None)
+        )
     try:
         return _serve(args)
     except KeyboardInterrupt:

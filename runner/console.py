@@ -1,15 +1,19 @@
-"""``runner console``: talk to an agent in the terminal, with no transport and no server.
+"""An agent in the terminal: ``runner console`` (no server) and the terminal side of ``runner dev``.
 
-Lines from stdin are the caller's turns; each reply prints as it streams, with tool
-calls and timings dimmed. Without ``--text`` the replies are also spoken through the
-agent's voice into a WAV file. A console call keeps no record and has no host.
+Lines from stdin are the caller's turns; each reply prints as it streams, with tool calls
+and timings dimmed; the greeting prints too. On a terminal a ``you>`` prompt asks for each
+line; ``/help`` lists the commands and ``/quit`` ends. Without ``--text`` the agent's
+speech plays through ``sounddevice`` and the microphone is heard, when the machine has
+audio devices; otherwise one line on stderr says why and the console stays text only.
+``--wav`` also writes the replies' speech to a file. A console call keeps no record.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import trio
 
@@ -17,13 +21,180 @@ from .agent import Agent
 from .agent._runtime import AgentRuntime, choose_experiments
 from .calls import CallContext
 from .logs import bind_session
-from .transports.loopback import LoopbackSession
+from .transports.loopback import LoopbackCaller, LoopbackSession
 from .voice.audio import write_wav
-from .voice.engine import AudioData, AudioStart, ReplyDelta, ToolEnded, ToolStarted, TurnEvent, TurnFinished
+from .voice.engine import (
+    AudioData,
+    AudioStart,
+    Heard,
+    ReplyDelta,
+    SpeechFailed,
+    ToolEnded,
+    ToolStarted,
+    TurnEvent,
+    TurnFinished,
+)
+
+PROMPT = "you> "
+HELP = """\
+Type what you would say and press Enter: the agent answers.
+  /help   this list
+  /quit   end (Ctrl-D does too)"""
+MIC_RATE_HZ = 16_000
+MIC_FRAME_MS = 20
 
 
 def _dim(text: str, tty: bool) -> str:
     return f"\x1b[2m{text}\x1b[0m" if tty else text
+
+
+class Transcript:
+    """Prints what a call's turns do as they happen: one line per reply, timings dimmed.
+
+    Args:
+        stdout: Where the conversation goes.
+        speech: Audio is spoken (its first-audio timing is shown).
+        audio: Called with each piece of the agent's speech (PCM, its rate).
+    """
+
+    def __init__(
+        self,
+        stdout: TextIO,
+        *,
+        speech: bool,
+        audio: Callable[[bytes, int], Awaitable[None]] | None = None,
+    ) -> None:
+        self.stdout = stdout
+        self.tty = stdout.isatty()
+        self.speech = speech
+        self.audio = audio
+        self.rate_hz = 0
+        self.speech_bytes = bytearray()
+        self.turns = 0
+        self.failed = 0
+
+    async def show(self, event: TurnEvent) -> None:
+        out = self.stdout
+        if isinstance(event, Heard):
+            out.write(_dim(f"(heard) {event.text}", self.tty) + "\n")
+        elif isinstance(event, ReplyDelta):
+            out.write(event.text)
+        elif isinstance(event, ToolStarted):
+            arguments = ", ".join(f"{k}={v!r}" for k, v in event.arguments.items())
+            out.write(_dim(f"[{event.name}({arguments})] ", self.tty))
+        elif isinstance(event, ToolEnded):
+            outcome = "ok" if event.ok else f"failed: {event.error}"
+            out.write(_dim(f"[{event.name}: {outcome} in {event.ms} ms] ", self.tty))
+        elif isinstance(event, SpeechFailed):
+            out.write(_dim(f"[speech failed: {event.code}] ", self.tty))
+        elif isinstance(event, AudioStart):
+            self.rate_hz = event.sample_rate_hz
+        elif isinstance(event, AudioData):
+            self.speech_bytes.extend(event.pcm)
+            if self.audio is not None:
+                await self.audio(event.pcm, self.rate_hz)
+        elif isinstance(event, TurnFinished):
+            result = event.result
+            if result.error_code is not None:
+                # In place of the reply a provider error would leave empty: what went wrong.
+                self.failed += 1
+                out.write(f"{' ' if result.text else ''}[turn failed at the {result.stage}: {result.reason}]")
+            timings = result.timings
+            note = f"  ({timings.total_ms} ms"
+            if timings.model_first_text_ms is not None:
+                note += f", first text {timings.model_first_text_ms} ms"
+            if timings.first_audio_sent_ms is not None and self.speech:
+                note += f", first audio {timings.first_audio_sent_ms} ms"
+            out.write(_dim(note + ")", self.tty) + "\n")
+            self.turns += 1
+        out.flush()
+
+
+async def read_turns(
+    stdin: TextIO,
+    stdout: TextIO,
+    say: Callable[[str], Awaitable[None]],
+    *,
+    prompt: bool,
+) -> None:
+    """Read lines until end of input or ``/quit``; each other line is a turn, said with ``say``.
+
+    Args:
+        stdin: The lines.
+        stdout: Where prompts and command answers go.
+        say: Takes one turn's text; returns when the console may ask for the next.
+        prompt: Write the ``you>`` prompt before each line (a person at a terminal).
+    """
+    while True:
+        if prompt:
+            stdout.write(PROMPT)
+            stdout.flush()
+        line = await trio.to_thread.run_sync(stdin.readline, abandon_on_cancel=True)
+        if not line:
+            if prompt:
+                stdout.write("\n")
+            return
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/quit", "/exit"):
+            return
+        if text == "/help":
+            stdout.write(HELP + "\n")
+            continue
+        if text.startswith("/"):
+            stdout.write(f"unknown command {text.split()[0]}; /help lists them\n")
+            continue
+        await say(text)
+
+
+def open_audio() -> tuple[Any, str | None]:
+    """``sounddevice`` when this machine has an input and an output device, else why not."""
+    try:
+        import sounddevice  # type: ignore[import-untyped]
+    except (ImportError, OSError) as exc:
+        return None, f"no audio: sounddevice cannot load ({exc})"
+    try:
+        sounddevice.check_input_settings(channels=1, dtype="int16", samplerate=MIC_RATE_HZ)
+        sounddevice.query_devices(kind="output")
+    except Exception as exc:  # noqa: BLE001 - PortAudio reports a missing device in several ways
+        return None, f"no audio: {exc}"
+    return sounddevice, None
+
+
+async def _play_and_hear(sounddevice: Any, session: LoopbackSession) -> None:
+    """Play the agent's speech and send the microphone to it, until cancelled."""
+    caller = LoopbackCaller(session)
+    speaker: Any = None
+    token = trio.lowlevel.current_trio_token()
+    frame = MIC_RATE_HZ * MIC_FRAME_MS // 1000
+
+    def heard(data: Any, frames: int, time: Any, status: Any) -> None:
+        pcm = bytes(data)
+        token.run_sync_soon(caller.send_audio, pcm, MIC_RATE_HZ)
+
+    microphone = sounddevice.RawInputStream(
+        samplerate=MIC_RATE_HZ, channels=1, dtype="int16", blocksize=frame, callback=heard
+    )
+    microphone.start()
+    try:
+        async for pcm in caller.audio:
+            if pcm is None:  # the caller talked over the agent: what is queued is dropped
+                if speaker is not None:
+                    speaker.abort()
+                    speaker.start()
+                continue
+            rate = session.audio_rate_hz
+            if speaker is None or speaker.samplerate != rate:
+                if speaker is not None:
+                    speaker.close()
+                speaker = sounddevice.RawOutputStream(samplerate=rate, channels=1, dtype="int16")
+                speaker.start()
+            await trio.to_thread.run_sync(speaker.write, pcm)
+    finally:
+        microphone.close()
+        if speaker is not None:
+            speaker.close()
 
 
 async def run_console(
@@ -33,9 +204,9 @@ async def run_console(
     wav_path: Path | None,
     stdin: TextIO = sys.stdin,
     stdout: TextIO = sys.stdout,
+    stderr: TextIO = sys.stderr,
 ) -> int:
-    """Converse until end of input; return the exit code (1 if a turn failed)."""
-    tty = stdout.isatty()
+    """Converse until end of input or ``/quit``; return the exit code (1 if a turn failed)."""
     session_id = "console"
     bind_session(session_id)
     call = CallContext(
@@ -44,63 +215,49 @@ async def run_console(
         client={},
         experiments=choose_experiments(agent, session_id, {}, None),
     )
-    if text_only:
-        # The console shows text; no need to synthesize speech nobody hears.
+    sounddevice = None
+    if not text_only:
+        sounddevice, why_not = open_audio()
+        if why_not is not None:
+            also = "" if wav_path is None else f" (speech also to {wav_path})"
+            print(f"runner: {why_not}; text only{also}", file=stderr)
+    speaking = sounddevice is not None or wav_path is not None
+    if not speaking:
+        # Nobody hears it: no need to synthesize speech.
         agent = _without_voice(agent)
     runtime = AgentRuntime(agent, call, None, host_connected=False)
     session = LoopbackSession("app")
-    audio = bytearray()
-    rate = 0
-    failed = 0
+    caller = LoopbackCaller(session)
+    transcript = Transcript(stdout, speech=speaking)
+    runtime.add_listener(transcript.show)
+    prompt = stdin.isatty() and stdout.isatty()
 
-    async def show(event: TurnEvent) -> None:
-        nonlocal rate
-        if isinstance(event, ReplyDelta):
-            stdout.write(event.text)
-        elif isinstance(event, ToolStarted):
-            stdout.write(
-                _dim(f"[{event.name}({', '.join(f'{k}={v!r}' for k, v in event.arguments.items())})] ", tty)
-            )
-        elif isinstance(event, ToolEnded):
-            stdout.write(_dim(f"[{event.name}: {'ok' if event.ok else 'failed'} in {event.ms} ms] ", tty))
-        elif isinstance(event, AudioStart):
-            rate = event.sample_rate_hz
-        elif isinstance(event, AudioData) and not text_only:
-            audio.extend(event.pcm)
-        elif isinstance(event, TurnFinished):
-            result = event.result
-            if result.error_code is not None:
-                # In place of the reply a provider error would leave empty: what went wrong.
-                nonlocal failed
-                failed += 1
-                stdout.write(
-                    f"{' ' if result.text else ''}[turn failed at the {result.stage}: {result.reason}]"
-                )
-            timings = result.timings
-            note = f"  ({timings.total_ms} ms"
-            if timings.model_first_text_ms is not None:
-                note += f", first text {timings.model_first_text_ms} ms"
-            if timings.first_audio_sent_ms is not None and not text_only:
-                note += f", first audio {timings.first_audio_sent_ms} ms"
-            stdout.write(_dim(note + ")", tty) + "\n")
-        stdout.flush()
+    async def say(text: str) -> None:
+        await runtime.take_turn(text)
 
-    runtime.add_listener(show)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(runtime.run, session, session.events)
+        if sounddevice is not None:
+            nursery.start_soon(_play_and_hear, sounddevice, session)
+        else:
+            nursery.start_soon(_drain, caller)
         await runtime.ready.wait()
         await runtime.wait_idle()  # the greeting, if any
-        while True:
-            line = await trio.to_thread.run_sync(stdin.readline)
-            if not line:
-                break
-            if line.strip():
-                await runtime.take_turn(line.strip())
+        if prompt:
+            stdout.write(_dim("(/help lists the commands)", True) + "\n")
+        await read_turns(stdin, stdout, say, prompt=prompt)
+        await runtime.wait_idle()
         nursery.cancel_scope.cancel()
-    if not text_only and wav_path is not None and audio:
-        write_wav(wav_path, bytes(audio), rate)
-        stdout.write(_dim(f"speech written to {wav_path}", tty) + "\n")
-    return 1 if failed else 0
+    if wav_path is not None and transcript.speech_bytes:
+        write_wav(wav_path, bytes(transcript.speech_bytes), transcript.rate_hz)
+        stdout.write(_dim(f"speech written to {wav_path}", transcript.tty) + "\n")
+    return 1 if transcript.failed else 0
+
+
+async def _drain(caller: LoopbackCaller) -> None:
+    # With nobody listening, the speech queue is read and dropped, so it never grows.
+    async for _ in caller.audio:
+        pass
 
 
 def _without_voice(agent: Agent) -> Agent:

@@ -98,8 +98,11 @@ class Outcome:
     reason: str
 
 
-async def _watch_signals(runner: Runner, scope: trio.CancelScope) -> None:
+async def _watch_signals(
+    runner: Runner, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     with scope, trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
         async for signum in signals:
             name = signal.Signals(signum).name
             if runner.draining:
@@ -107,6 +110,15 @@ async def _watch_signals(runner: Runner, scope: trio.CancelScope) -> None:
                 print(f"runner: second {name}; exiting at once", file=sys.stderr)
                 sys.stdout.flush()
                 os._exit(128 + signum)
+            if runner.calls:
+                # Calls may run on for the drain's grace: say so, and how to leave sooner.
+                count = len(runner.calls)
+                print(
+                    f"runner: {name}: draining; waiting up to {runner.config.drain_grace_ms / 1000:g} s "
+                    f"for {count} call{'s' if count != 1 else ''} to end ({name} again exits at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             runner.drain_nowait(name)
 
 
@@ -226,6 +238,10 @@ async def serve_runner(
 
                 public_binds = await nursery.start(serve_public)
                 print(PUBLIC_LINE + public_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
+            signal_scope = trio.CancelScope()
+            if handle_signals:
+                # Before the ready line: a signal right after it is a drain, never a traceback.
+                await nursery.start(_watch_signals, runner, signal_scope)
             if worker is not None:
                 await nursery.start(AgentWorker(runner, worker).serve)
             warmup_ms = int((time.monotonic() - started_at) * 1000)
@@ -233,9 +249,6 @@ async def serve_runner(
                 journal,
                 LifecycleReady(address=address, max_sessions=config.max_sessions, warmup_ms=warmup_ms),
             )
-            signal_scope = trio.CancelScope()
-            if handle_signals:
-                nursery.start_soon(_watch_signals, runner, signal_scope)
             task_status.started((address, runner))
             if join is not None:
                 nursery.start_soon(run_joined_call)

@@ -74,6 +74,11 @@ class RunnerProcess:
         with trio.fail_after(timeout):
             return await self.process.wait()
 
+    async def type(self, line: str) -> None:
+        """Write a line to the runner's stdin (started with ``stdin=True``)."""
+        assert self.process.stdin is not None, "started without stdin=True"
+        await self.process.stdin.send_all(line.encode() + b"\n")
+
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
@@ -109,17 +114,23 @@ async def start_runner(
     agent: str = QUIET_AGENT,
     env: dict[str, str] | None = None,
     wait_ready: bool = True,
+    stdin: bool = False,
+    cwd: Path | None = None,
 ) -> AsyncIterator[RunnerProcess]:
     """Start ``runner COMMAND AGENT`` on a free loopback port; stop it (by pid) on exit.
+
+    With ``stdin``, the process reads a pipe the test writes (``runner.type(line)``).
 
     The default agent writes nothing of its own, so a test can count a call's records.
     """
     environ = {**os.environ, "CURB_MANAGEMENT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = await trio.lowlevel.open_process(
         runner_argv(command, journal, *extra, agent=agent),
+        stdin=subprocess.PIPE if stdin else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=environ,
+        cwd=cwd,
     )
     runner = RunnerProcess(process, journal)
     async with trio.open_nursery() as nursery:

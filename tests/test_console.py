@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import os
+import pty
+import select
 import subprocess
 import sys
+import time
 import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 import trio
+
+from runner.console import open_audio
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,10 +94,71 @@ async def test_spoken_console_writes_the_replies_to_a_wav(tmp_path: Path) -> Non
     assert level > 500
 
 
-async def test_spoken_console_writes_console_wav_by_default(tmp_path: Path) -> None:
-    done = await console(stdin="hello\n", cwd=tmp_path)
+async def test_without_audio_devices_the_console_says_why_once_and_stays_text(tmp_path: Path) -> None:
+    if open_audio()[0] is not None:
+        pytest.skip("this machine has audio devices: the console plays and hears them")
+    done = await console(stdin="what is the weather in lisbon\n", cwd=tmp_path)
     assert done.returncode == 0, done.stderr.decode()
-    assert (tmp_path / "console.wav").stat().st_size > 44
+    said = [line for line in done.stderr.decode().splitlines() if line.startswith("runner: no audio")]
+    assert len(said) == 1 and said[0].endswith("; text only"), done.stderr.decode()
+    assert "In lisbon it is sunny and 24 degrees." in done.stdout.decode()
+    assert "first audio" not in done.stdout.decode()  # nothing was spoken
+    assert list(tmp_path.iterdir()) == []
+
+
+def _talk_on_a_terminal(lines: list[bytes], cwd: Path, seconds: float = 60) -> tuple[str, int]:
+    """Run ``runner console --text`` on a pseudo-terminal; type each line once the prompt shows."""
+    parent, child = pty.openpty()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runner", "console", "--text"],
+        stdin=child,
+        stdout=child,
+        stderr=subprocess.DEVNULL,
+        cwd=cwd,
+        env=env,
+    )
+    os.close(child)
+    seen = b""
+    deadline = time.monotonic() + seconds
+    pending = list(lines)
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([parent], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(parent, 4096)
+                except OSError:  # the console exited and closed the terminal
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            if pending and seen.count(b"you> ") == len(lines) - len(pending) + 1:
+                os.write(parent, pending.pop(0))
+            if process.poll() is not None and not ready:
+                break
+        code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(parent)
+    return seen.decode(errors="replace").replace("\r\n", "\n"), code
+
+
+def test_on_a_terminal_the_console_prompts_helps_and_quits(tmp_path: Path) -> None:
+    out, code = _talk_on_a_terminal([b"/help\n", b"/what\n", b"when is breakfast\n", b"/quit\n"], tmp_path)
+    assert code == 0, out
+    assert "Hotel Lumen" in out  # the greeting came before the first prompt
+    assert out.index("Hotel Lumen") < out.index("you> ")
+    assert "/quit   end" in out and "/help   this list" in out
+    assert "unknown command /what; /help lists them" in out
+    # /help and /what were not turns: the only reply answers the one question asked.
+    assert out.count("ms)") == 2, out  # the greeting's timings and the answer's
+    assert out.count("you> ") == 4, out  # /quit ended it: no fifth prompt
 
 
 async def test_a_failed_turn_is_said_in_place_of_the_reply_and_the_exit_is_1(tmp_path: Path) -> None:

@@ -114,9 +114,23 @@ async def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
         await client.post("/v1/sessions", json=_start("long-call"))
         runner.signal(signal.SIGINT)
         await runner.wait_for(lambda: any(e["event"] == "draining" for e in runner.lifecycle))
+        # It says how long it will wait, and how to leave sooner.
+        await runner.wait_for(lambda: any("waiting up to" in line for line in runner.stderr))
+        (said,) = [line for line in runner.stderr if "waiting up to" in line]
+        assert said == (
+            "runner: SIGINT: draining; waiting up to 60 s for 1 call to end (SIGINT again exits at once)"
+        )
         runner.signal(signal.SIGINT)
         assert await runner.wait_exit(timeout=5) == 128 + signal.SIGINT
     assert [e["event"] for e in runner.lifecycle] == ["ready", "draining"]
+
+
+async def test_ctrl_c_on_a_runner_without_calls_exits_at_once(tmp_path: Path) -> None:
+    async with start_runner(tmp_path / "j.db", "--drain-grace-ms", "60000") as runner:
+        runner.signal(signal.SIGINT)
+        assert await runner.wait_exit(timeout=10) == 0
+    assert [e["event"] for e in runner.lifecycle] == ["ready", "draining", "ended"]
+    assert not any("waiting up to" in line for line in runner.stderr)
 
 
 async def test_a_reader_that_leaves_is_cleaned_up_within_two_heartbeats(tmp_path: Path) -> None:

@@ -1,0 +1,52 @@
+"""``runner dev``: the conversation in the terminal, typed turns, reload on save, Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from tests.runner_process import RunnerProcess, start_runner
+
+SHOP = """\
+from runner.agent import Agent
+
+shop = Agent("shop", instructions="We sell bicycles. We open at {hour}.", greeting="Hello from the shop.")
+"""
+
+
+def _said(runner: RunnerProcess, text: str) -> int:
+    return sum(text in line for line in runner.stderr)
+
+
+async def test_dev_shows_the_conversation_takes_typed_turns_and_reloads_on_save(tmp_path: Path) -> None:
+    agent = tmp_path / "shop.py"
+    agent.write_text(SHOP.format(hour="nine"), encoding="utf-8")
+    async with start_runner(tmp_path / "j.db", command="dev", agent=str(agent), stdin=True) as runner:
+        # The greeting shows without anyone typing.
+        await runner.wait_for(lambda: _said(runner, "Hello from the shop.") == 1, timeout=30)
+        await runner.type("when do you open")
+        await runner.wait_for(lambda: _said(runner, "We open at nine.") == 1)
+
+        agent.write_text(SHOP.format(hour="ten"), encoding="utf-8")
+        await runner.wait_for(
+            lambda: _said(runner, "shop.py changed: the calls restart with the new code") == 1
+        )
+        await runner.wait_for(lambda: _said(runner, "Hello from the shop.") == 2)
+        await runner.type("when do you open")
+        await runner.wait_for(lambda: _said(runner, "We open at ten.") == 1)
+
+        # A file that no longer loads: its error is shown and the agent before it keeps answering.
+        agent.write_text(SHOP.format(hour="eleven") + "oops = (\n", encoding="utf-8")
+        await runner.wait_for(lambda: _said(runner, "shop.py changed but does not load") == 1)
+        await runner.wait_for(lambda: _said(runner, "SyntaxError") == 1)
+        await runner.type("when do you open")
+        await runner.wait_for(lambda: _said(runner, "We open at ten.") == 2)
+        assert _said(runner, "eleven") == 0
+
+        # Ctrl-C: the terminal's call is the author's own, so the runner exits at once.
+        runner.signal(signal.SIGINT)
+        assert await runner.wait_exit(timeout=10) == 0
+    assert [e["event"] for e in runner.lifecycle] == ["ready", "draining", "ended"]
+    assert _said(runner, "Traceback") == 0
+    # The conversation is on stderr: stdout holds only the lifecycle lines, as on every runner.
+    assert all(line.startswith("curb-hosted ") for line in runner.stdout if line)
