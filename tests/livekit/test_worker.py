@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 from lk_harness import LiveKitEnv, Peer
-from lk_runner import Host, open_runner
+from lk_runner import REPO, Host, agent_spec, open_runner
 
 pytestmark = [pytest.mark.livekit, pytest.mark.slow]
 
@@ -49,6 +52,78 @@ async def read_all(host: Host, until: Any, *, within: float = 30) -> list[dict[s
         async with host.open_events() as events:
             assert events.status == 200, events.body
             return await events.lines(until=until)
+
+
+class Follower:
+    """One worker's events stream, read from the start for as long as the test runs."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.records: list[dict[str, Any]] = []
+        self._changed = trio.Event()
+
+    @property
+    def rooms(self) -> dict[str, str]:
+        """Job id -> room, of every call this worker started."""
+        return {call["session"]: call["job"]["room"] for call in started(self.records)}
+
+    async def _read(self) -> None:
+        async with self.host.open_events() as events:
+            assert events.status == 200, events.body
+            while True:
+                lines = await events.lines(count=1)
+                if not lines:
+                    return
+                self.records.extend(line for line in lines if "body" in line)
+                self._changed.set()
+                self._changed = trio.Event()
+
+
+@asynccontextmanager
+async def follow(*hosts: Host) -> AsyncIterator[list[Follower]]:
+    followers = [Follower(host) for host in hosts]
+    async with trio.open_nursery() as nursery:
+        for follower in followers:
+            nursery.start_soon(follower._read)
+        yield followers
+        nursery.cancel_scope.cancel()
+
+
+async def wait_for(followers: list[Follower], holds: Callable[[], bool], *, within: float = 30) -> None:
+    with trio.move_on_after(within):
+        while not holds():
+            async with trio.open_nursery() as nursery:
+                for follower in followers:
+
+                    async def changed(f: Follower = follower) -> None:
+                        await f._changed.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(changed)
+        return
+    raise AssertionError(f"not within {within} s: {[f.rooms for f in followers]}")
+
+
+async def replay_journal(journal: Path) -> list[dict[str, Any]]:
+    """A stopped worker's journal, as ``runner replay --json`` prints it."""
+    done = await trio.run_process(
+        [sys.executable, "-m", "runner", "replay", "--from", "0", "--journal", str(journal), "--json"],
+        capture_stdout=True,
+        cwd=str(REPO),
+    )
+    return [json.loads(line) for line in done.stdout.decode().splitlines() if line.strip()]
+
+
+async def state_of(host: Host, session_id: str, *, within: float = 10) -> str:
+    """The call's state once it is past starting."""
+    with trio.move_on_after(within):
+        while True:
+            live = await host.request("GET", f"/v1/sessions/{session_id}")
+            assert live.status == 200, live.body
+            if live.body["state"] != "starting":
+                return str(live.body["state"])
+            await trio.sleep(0.1)
+    return "starting"
 
 
 async def job_of(control: Peer, room: str, *, status: str, within: float = 20) -> dict[str, Any]:
@@ -145,3 +220,149 @@ async def test_a_dispatched_room_runs_as_a_call_of_the_worker(livekit: LiveKitEn
         assert await host.runner.wait_exit(timeout=20) == 0
         events = [e["event"] for e in host.runner.lifecycle]
         assert events == ["ready", "draining", "ended"]
+
+
+async def agent_in(control: Peer, room: str, *, within: float = 20) -> str:
+    """The identity of the agent that joined ``room`` (the server's participant list)."""
+    with trio.move_on_after(within):
+        while True:
+            listed = (await control.request("list_participants", room=room))["participants"]
+            agents = [p["identity"] for p in listed if p["kind"] == "AGENT"]
+            if agents:
+                return agents[0]
+            await trio.sleep(0.2)
+    raise AssertionError(f"no agent joined {room}")
+
+
+async def test_automatic_dispatch_no_journal_a_refused_context_and_a_drain(
+    livekit: LiveKitEnv, tmp_path: Path
+) -> None:
+    agent_name = f"curb-{uuid.uuid4().hex[:6]}"
+    named_room, auto_room = livekit.unique_room("named"), livekit.unique_room("auto")
+    async with (
+        livekit.peer("control", livekit.unique_room("control")) as control,
+        open_runner(
+            livekit,
+            tmp_path / "named.db",
+            *worker_args(agent_name, "--drain-grace-ms", "1000"),
+            command="start",
+        ) as named,
+        open_runner(
+            livekit,
+            tmp_path / "auto.db",
+            *worker_args("", "--no-journal", "--max-sessions", "2"),
+            command="start",
+        ) as auto,
+    ):
+        # A room created with an agent dispatch whose metadata is not a flat string map: the
+        # call runs, with no client context and a record of what was refused.
+        await control.request(
+            "create_room", room=named_room, agent_name=agent_name, metadata=json.dumps({"plan": {"tier": 2}})
+        )
+        records = await read_all(named, lambda got: started(got))
+        (call,) = started(records)
+        assert call["clientContext"] == {}
+        assert call["job"]["refused"] == {"metadata": "not a flat map of strings"}
+        assert call["job"]["room"] == named_room
+
+        # Automatic dispatch (no agent name): a new room gets the worker that takes every room.
+        await control.request("create_room", room=auto_room)
+        identity = await agent_in(control, auto_room)
+        job_id = identity.removeprefix("agent-")
+        assert await state_of(auto, job_id) == "connected"
+        # Without a journal there is no stream to read, and it says so.
+        no_stream = await auto.request("GET", "/v1/runner/events?from=0")
+        assert (no_stream.status, no_stream.body["error"]) == (404, "no_journal")
+        assert (await auto.request("GET", "/health")).status == 200
+
+        # SIGTERM with a call in progress: the worker drains, the call gets --drain-grace-ms,
+        # then ends runner_draining; the job is reported to the server; the worker exits 0.
+        named.runner.signal(signal.SIGTERM)
+        assert await named.runner.wait_exit(timeout=20) == 0
+        assert [e["event"] for e in named.runner.lifecycle] == ["ready", "draining", "ended"]
+        assert named.runner.lifecycle[1]["activeSessions"] == 1
+        assert await job_ended_in_log(livekit, call["session"]) == ("JS_SUCCESS", "")
+        reopened = await replay_journal(tmp_path / "named.db")
+        assert ended(reopened)[call["session"]] == "runner_draining"
+        await control.request("delete_room", room=auto_room)
+        await control.request("delete_room", room=named_room)
+
+
+async def test_two_workers_share_ten_rooms_drain_and_a_kill(livekit: LiveKitEnv, tmp_path: Path) -> None:
+    agent_name = f"curb-{uuid.uuid4().hex[:6]}"
+    journals = [tmp_path / "w1.db", tmp_path / "w2.db"]
+    # The quiet agent says nothing: ten calls at once stay light on two cores.
+    args = worker_args(agent_name, "--max-sessions", "8", "--drain-grace-ms", "60000")
+    quiet = agent_spec("quiet")
+    async with (
+        livekit.peer("control", livekit.unique_room("control")) as control,
+        open_runner(livekit, journals[0], *args, command="start", agent=quiet) as w1,
+        open_runner(livekit, journals[1], *args, command="start", agent=quiet) as w2,
+        follow(w1, w2) as (f1, f2),
+    ):
+
+        def rooms() -> dict[str, str]:
+            return {**f1.rooms, **f2.rooms}
+
+        # Ten dispatched rooms: each runs once, on one worker; a worker holds at most 8.
+        ten = [livekit.unique_room("shared") for _ in range(10)]
+        for room in ten:
+            await control.request("create_dispatch", agent_name=agent_name, room=room)
+        await wait_for([f1, f2], lambda: len(rooms()) >= 10, within=60)
+        assert sorted(rooms().values()) == sorted(ten)
+        assert len(f1.rooms) >= 2 and len(f2.rooms) >= 2, (f1.rooms, f2.rooms)
+        for follower in (f1, f2):
+            for job in follower.rooms:
+                assert await state_of(follower.host, job, within=30) == "connected"
+        for room in ten:
+            await control.request("delete_room", room=room)
+        await wait_for([f1, f2], lambda: len(ended(f1.records) | ended(f2.records)) >= 10)
+
+        # One more room; its worker is then drained (SIGTERM) while the call goes on: the next
+        # rooms all go to the other worker.
+        first = livekit.unique_room("before-drain")
+        await control.request("create_dispatch", agent_name=agent_name, room=first)
+        await wait_for([f1, f2], lambda: first in rooms().values())
+        draining, other = (f1, f2) if first in f1.rooms.values() else (f2, f1)
+        draining.host.runner.signal(signal.SIGTERM)
+        await wait_for(
+            [draining], lambda: any(r["body"].get("event") == "draining" for r in draining.records)
+        )
+        later = [livekit.unique_room("during-drain") for _ in range(3)]
+        for room in later:
+            await control.request("create_dispatch", agent_name=agent_name, room=room)
+        await wait_for([other], lambda: set(later) <= set(other.rooms.values()))
+        for job, room in other.rooms.items():
+            if room in later:
+                assert await state_of(other.host, job, within=30) == "connected"
+        assert not set(later) & set(draining.rooms.values())
+        # The drained worker's call ends with its room; the worker then exits 0.
+        await control.request("delete_room", room=first)
+        assert await draining.host.runner.wait_exit(timeout=20) == 0
+
+        # SIGKILL the survivor with three calls: start a fresh worker on the other journal
+        # first; after the kill, new rooms go to it.
+        killed = other
+        lost = {job for job, room in killed.rooms.items() if room in later}
+        async with open_runner(
+            livekit, draining.host.runner.journal, *args, command="start", agent=quiet
+        ) as survivor:
+            killed.host.runner.kill()
+            await killed.host.runner.wait_exit(timeout=10)
+            async with follow(survivor) as (fs,):
+                after = livekit.unique_room("after-kill")
+                await control.request("create_dispatch", agent_name=agent_name, room=after)
+                await wait_for([fs], lambda: after in fs.rooms.values())
+                # The server does not hand the killed worker's jobs to the survivor (docs/deploy.md).
+                await control.request("delete_room", room=after)
+            # The killed worker, restarted on its journal, closes its calls runner_crashed.
+            async with open_runner(
+                livekit, killed.host.runner.journal, *args, command="start", agent=quiet
+            ) as restarted:
+                recovered = [e for e in restarted.runner.lifecycle if e["event"] == "recovered"]
+                assert len(recovered) == 1 and set(recovered[0]["closedSessions"]) == lost
+                async with follow(restarted) as (fr,):
+                    await wait_for([fr], lambda: lost <= {s for s, r in ended(fr.records).items()})
+                    assert {ended(fr.records)[job] for job in lost} == {"runner_crashed"}
+        for room in later:
+            await control.request("delete_room", room=room)
