@@ -29,6 +29,7 @@ if _HERE not in sys.path:  # e.g. under --import-mode=importlib
 from lk_harness import (  # noqa: E402
     INSTALL_HINT,
     HarnessError,
+    LiveKitCluster,
     LiveKitEnv,
     LiveKitServer,
     find_livekit_server,
@@ -65,3 +66,21 @@ async def livekit(livekit_server: LiveKitServer, tmp_path) -> AsyncIterator[Live
         await env.aclose()
     if not livekit_server.alive():
         pytest.fail(f"livekit-server died during the test:\n{livekit_server.log_tail()}", pytrace=False)
+
+
+@pytest.fixture
+def livekit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKitCluster]:
+    """Two livekit-server nodes and their redis-server, in a namespace of their own (per test)."""
+    binary = find_livekit_server()
+    if binary is None:
+        pytest.fail(f"livekit-server binary not found; {INSTALL_HINT}", pytrace=False)
+    cluster = LiveKitCluster(binary, tmp_path_factory.mktemp("livekit-cluster"))
+    try:
+        cluster.start()
+    except HarnessError as exc:
+        cluster.stop()
+        pytest.fail(f"could not start the LiveKit cluster: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -185,25 +185,43 @@ class Netns:
 
 
 class LiveKitServer:
-    """livekit-server --dev in a private namespace. Started once per session."""
+    """livekit-server --dev in a private namespace. Started once per session.
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    A node of a cluster (:class:`LiveKitCluster`) is given the namespace it shares, its own
+    address in it, and the redis that routes between the nodes.
+    """
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        *,
+        netns: Netns | None = None,
+        ip: str | None = None,
+        redis: str | None = None,
+        name: str = "livekit-server",
+        port_offset: int = 0,
+    ) -> None:
         self.binary = binary
         self.workdir = workdir
-        self.netns = Netns()
+        self.owns_netns = netns is None
+        self.netns = netns or Netns()
+        self._ip = ip
+        self.redis = redis
+        self.port_offset = port_offset
         self.api_key = API_KEY
         self.api_secret = API_SECRET
-        self.log_path = workdir / "livekit-server.log"
-        self.config_path = workdir / "livekit.yaml"
+        self.log_path = workdir / f"{name}.log"
+        self.config_path = workdir / f"{name}.yaml"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def host(self) -> str:
-        return self.netns.server_ip
+        return self._ip or self.netns.server_ip
 
     @property
     def port(self) -> int:
-        return HTTP_PORT
+        return HTTP_PORT + self.port_offset
 
     @property
     def url(self) -> str:
@@ -214,13 +232,13 @@ class LiveKitServer:
         return f"http://{self.host}:{self.port}"
 
     def config(self) -> dict[str, Any]:
-        return {
-            "port": HTTP_PORT,
+        config: dict[str, Any] = {
+            "port": self.port,
             "bind_addresses": [self.host],
             "keys": {self.api_key: self.api_secret},
             "rtc": {
-                "tcp_port": RTC_TCP_PORT,
-                "udp_port": str(RTC_UDP_PORT),
+                "tcp_port": RTC_TCP_PORT + self.port_offset,
+                "udp_port": str(RTC_UDP_PORT + self.port_offset),
                 "node_ip": self.host,
                 "use_external_ip": False,
                 "enable_loopback_candidate": False,
@@ -229,12 +247,16 @@ class LiveKitServer:
             "turn": {"enabled": False},
             "logging": {"level": "info"},
         }
+        if self.redis is not None:
+            config["redis"] = {"address": self.redis}
+        return config
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # JSON is YAML: no YAML writer needed.
         self.config_path.write_text(json.dumps(self.config(), indent=2))
-        self.netns.create()
+        if self.owns_netns:
+            self.netns.create()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.netns.argv([self.binary, "--dev", "--config", self.config_path, "--bind", self.host]),
@@ -290,6 +312,101 @@ class LiveKitServer:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(SERVER_STOP_TIMEOUT)
+        finally:
+            if self.owns_netns:
+                self.netns.delete()
+
+
+REDIS_PORT = 6379
+
+
+class LiveKitCluster:
+    """Two livekit-server nodes sharing one redis-server, in one private namespace.
+
+    This is LiveKit's multi-node deployment, on one machine: node 0 listens on the
+    namespace's ``server_ip``, node 1 on its ``peer_ip`` (the same ports: each address
+    has its own), and redis on the namespace's loopback routes rooms, signals and agent
+    jobs between them.
+    """
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.workdir = workdir
+        self.netns = Netns()
+        self.redis_address = f"127.0.0.1:{REDIS_PORT}"
+        self.redis_log = workdir / "redis-server.log"
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.nodes = [
+            LiveKitServer(
+                binary,
+                workdir,
+                netns=self.netns,
+                ip=ip,
+                redis=self.redis_address,
+                name=f"livekit-node{i}",
+                # Each node its own ports too: the RTC ports may bind every address.
+                port_offset=10 * i,
+            )
+            for i, ip in enumerate((self.netns.server_ip, self.netns.peer_ip))
+        ]
+
+    def start(self) -> None:
+        redis_server = shutil.which("redis-server")
+        if redis_server is None:
+            raise HarnessError("redis-server is missing (apt-get install redis-server; .ci/run does)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.netns.create()
+        with open(self.redis_log, "wb") as log:
+            self.redis = subprocess.Popen(
+                self.netns.argv(
+                    [
+                        redis_server,
+                        "--bind",
+                        "127.0.0.1",
+                        "--port",
+                        str(REDIS_PORT),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ]
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_redis()
+        for node in self.nodes:
+            node.start()
+
+    def _wait_redis(self) -> None:
+        assert self.redis is not None
+        for _ in range(int(SERVER_START_TIMEOUT / 0.05)):
+            if self.redis.poll() is not None:
+                raise HarnessError(f"redis-server exited while starting:\n{_tail(self.redis_log)}")
+            try:
+                with self.netns.socket() as sock:
+                    sock.settimeout(1.0)
+                    sock.connect(("127.0.0.1", REDIS_PORT))
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise HarnessError(f"redis-server did not answer:\n{_tail(self.redis_log)}")
+
+    def stop(self) -> None:
+        try:
+            for node in self.nodes:
+                node.stop()
+            if self.redis is not None and self.redis.poll() is None:
+                self.redis.terminate()
+                try:
+                    self.redis.wait(SERVER_STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    self.redis.kill()
+                    self.redis.wait(SERVER_STOP_TIMEOUT)
         finally:
             self.netns.delete()
 
@@ -617,6 +734,7 @@ __all__ = [
     "DEFAULT_BIN",
     "INSTALL_HINT",
     "HarnessError",
+    "LiveKitCluster",
     "LiveKitEnv",
     "LiveKitServer",
     "Netns",

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import trio
-from lk_harness import LiveKitEnv, Peer
+from lk_harness import LiveKitCluster, LiveKitEnv, Peer
 from lk_runner import REPO, Host, agent_spec, open_runner
 
 pytestmark = [pytest.mark.livekit, pytest.mark.slow]
@@ -366,3 +366,43 @@ async def test_two_workers_share_ten_rooms_drain_and_a_kill(livekit: LiveKitEnv,
                     assert {ended(fr.records)[job] for job in lost} == {"runner_crashed"}
         for room in later:
             await control.request("delete_room", room=room)
+
+
+async def test_a_room_on_one_node_is_served_by_a_worker_on_the_other(
+    livekit_cluster: LiveKitCluster, tmp_path: Path
+) -> None:
+    nodes = [LiveKitEnv(node, tmp_path) for node in livekit_cluster.nodes]
+    agent_name = f"curb-{uuid.uuid4().hex[:6]}"
+    room = nodes[0].unique_room("cluster")
+    try:
+        async with nodes[0].peer("caller", room) as caller:
+            # The room lives on the node that logs its sessions; the worker registers with the
+            # other one.
+            home = next(
+                i
+                for i, node in enumerate(livekit_cluster.nodes)
+                for line in node.log_path.read_text(errors="replace").splitlines()
+                if "starting RTC session" in line and f'"room": "{room}"' in line
+            )
+            worker = open_runner(
+                nodes[1 - home], tmp_path / "worker.db", *worker_args(agent_name), command="start"
+            )
+            async with worker as host:
+                await caller.request("publish_mic", rate=22_050)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(
+                        lambda: caller.request("record", identity="*agent", within=30, timeout=35)
+                    )
+                    # Dispatched through the room's own node.
+                    await caller.request("create_dispatch", agent_name=agent_name, room=room)
+                greeting = await caller.request("wait_speech", within=20, timeout=25)
+                assert greeting["last_loud_at"] - greeting["first_loud_at"] > 0.3
+                (call,) = started(await read_all(host, lambda got: started(got)))
+                assert call["job"]["room"] == room
+                # The caller hangs up (through the other node): the call ends.
+                await caller.send({"id": 0, "op": "quit"})
+                records = await read_all(host, lambda got: call["session"] in ended(got))
+                assert ended(records)[call["session"]] == "caller_left"
+    finally:
+        for node in nodes:
+            await node.aclose()
