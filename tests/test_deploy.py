@@ -95,8 +95,7 @@ def test_the_docs_quote_the_manifests() -> None:
 @pytest.mark.parametrize("probe", ["readinessProbe", "livenessProbe"])
 async def test_every_probe_path_answers_200_without_a_token(probe: str, tmp_path: Path) -> None:
     paths = {c[probe]["httpGet"]["path"] for c in _containers()}
-    async with open_runner(quiet, tmp_path) as runner:
-        async with httpx.AsyncClient(base_url=f"http://{runner.address}") as client:
-            for path in paths:
-                answer = await client.get(path)
-                assert answer.status_code == 200, (path, answer.text)
+    async with open_runner(quiet, tmp_path) as runner, httpx.AsyncClient() as client:
+        for path in paths:
+            answer = await client.get(f"http://{runner.address}{path}")
+            assert answer.status_code == 200, (path, answer.text)
