@@ -406,3 +406,85 @@ async def test_a_room_on_one_node_is_served_by_a_worker_on_the_other(
     finally:
         for node in nodes:
             await node.aclose()
+
+
+class CuttableProxy:
+    """A TCP proxy inside the namespace, in front of livekit-server: ``cut(n)`` drops its n-th
+    connection (both ends), as a network that loses one socket would."""
+
+    def __init__(self, livekit: LiveKitEnv) -> None:
+        self.livekit = livekit
+        self.port = 0
+        self.connections: list[tuple[trio.SocketStream, trio.SocketStream]] = []
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.livekit.peer_ip}:{self.port}"
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        sock = trio.socket.from_stdlib_socket(await trio.to_thread.run_sync(self.livekit.server.netns.socket))
+        await sock.bind((self.livekit.peer_ip, 0))
+        sock.listen(16)
+        self.port = sock.getsockname()[1]
+        async with trio.SocketListener(sock) as listener, trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                client = await listener.accept()
+                upstream = await self.livekit.open_tcp_stream(self.livekit.host, self.livekit.server.port)
+                self.connections.append((client, upstream))
+                nursery.start_soon(self._pipe, client, upstream)
+                nursery.start_soon(self._pipe, upstream, client)
+
+    async def _pipe(self, source: trio.SocketStream, sink: trio.SocketStream) -> None:
+        try:
+            async for chunk in source:
+                await sink.send_all(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await sink.aclose()
+
+    async def cut(self, index: int) -> None:
+        for stream in self.connections[index]:
+            await stream.aclose()
+
+
+async def test_a_lost_worker_socket_reconnects_and_the_call_goes_on(
+    livekit: LiveKitEnv, tmp_path: Path
+) -> None:
+    agent_name = f"curb-{uuid.uuid4().hex[:6]}"
+    room, later = livekit.unique_room("kept"), livekit.unique_room("after-reconnect")
+    proxy = CuttableProxy(livekit)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        args = worker_args(agent_name, "--url", proxy.url, "--max-sessions", "2")
+        async with (
+            livekit.peer("control", livekit.unique_room("control")) as control,
+            open_runner(
+                livekit, tmp_path / "w.db", *args, command="start", agent=agent_spec("quiet")
+            ) as host,
+            follow(host) as (f,),
+        ):
+            await control.request("create_dispatch", agent_name=agent_name, room=room)
+            await wait_for([f], lambda: room in f.rooms.values())
+            (job,) = f.rooms
+            assert await state_of(host, job, within=30) == "connected"
+
+            # The worker's socket was the proxy's first connection (the room's came later).
+            registered = "registered with the LiveKit server as worker"
+            assert sum(registered in line for line in host.runner.stderr) == 1
+            await proxy.cut(0)
+            await host.runner.wait_for(
+                lambda: sum(registered in line for line in host.runner.stderr) == 2, timeout=20
+            )
+            # The call never noticed; the worker takes new jobs on its new socket.
+            assert await state_of(host, job) == "connected"
+            assert job not in ended(f.records)
+            await control.request("create_dispatch", agent_name=agent_name, room=later)
+            await wait_for([f], lambda: later in f.rooms.values())
+            for job in f.rooms:
+                assert await state_of(host, job, within=30) == "connected"
+            for name in (room, later):
+                await control.request("delete_room", room=name)
+            await wait_for([f], lambda: len(ended(f.records)) == 2)
+        nursery.cancel_scope.cancel()
