@@ -5,6 +5,7 @@ the public listener) that also holds one call of its own over the loopback trans
 terminal's. What that call says prints on stderr as it happens, greeting included; each
 line typed on stdin is a turn. stdout keeps the lifecycle lines, as on every runner.
 
+It also serves the playground page on its public listener (``runner/api/_playground.py``).
 Saving the agent's file restarts the calls with the new code (watched with
 ``watchfiles``); a file that no longer loads prints its error and the old agent keeps
 running. Ctrl-C ends the terminal's call at once and exits.

@@ -27,6 +27,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from journal import open_agent_store, open_journal
 
 from .api import create_management_app, create_public_app
+from .api._playground import Playground
 from .calls import ConversationFactory, Runner, close_open_calls
 from .config import Config
 from .errors import RunnerError
@@ -41,6 +42,7 @@ log = logging.getLogger("runner")
 TOKEN_ENV = "CURB_MANAGEMENT_TOKEN"
 API_KEY_ENV = "CURB_API_KEY"
 PUBLIC_LINE = "runner: public listener on "
+PLAYGROUND_LINE = "runner: playground on "
 _SHUTDOWN_GRACE_S = 5.0
 
 
@@ -228,8 +230,16 @@ async def serve_runner(
                 await nursery.start(sockets.serve)
 
                 async def serve_public(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                    # A dev runner also serves the playground page: the author's own listener.
+                    playground = (
+                        Playground(
+                            runner=runner, journal=journal, heartbeat_ms=config.heartbeat_ms, closing=closing
+                        )
+                        if config.mode == "dev"
+                        else None
+                    )
                     await hypercorn_serve(
-                        create_public_app(sockets),
+                        create_public_app(sockets, playground=playground),
                         _hypercorn_config(config.public_address),
                         shutdown_trigger=shutdown.wait,
                         task_status=task_status,
@@ -238,6 +248,8 @@ async def serve_runner(
 
                 public_binds = await nursery.start(serve_public)
                 print(PUBLIC_LINE + public_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
+                if config.mode == "dev":
+                    print(PLAYGROUND_LINE + public_binds[0] + "/", file=sys.stderr, flush=True)
             signal_scope = trio.CancelScope()
             if handle_signals:
                 # Before the ready line: a signal right after it is a drain, never a traceback.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import httpx
+
 from tests.runner_process import RunnerProcess, start_runner
 
 SHOP = """\
@@ -50,3 +52,21 @@ async def test_dev_shows_the_conversation_takes_typed_turns_and_reloads_on_save(
     assert _said(runner, "Traceback") == 0
     # The conversation is on stderr: stdout holds only the lifecycle lines, as on every runner.
     assert all(line.startswith("curb-hosted ") for line in runner.stdout if line)
+
+
+async def test_the_playground_is_served_by_dev_only(tmp_path: Path) -> None:
+    public = "runner: public listener on "
+    for command, status in (("serve", 404), ("dev", 200)):
+        async with start_runner(tmp_path / f"{command}.db", command=command) as runner:
+            await runner.wait_for(lambda: any(line.startswith(public) for line in runner.stderr))
+            (address,) = [line.removeprefix(public) for line in runner.stderr if line.startswith(public)]
+            async with httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client:
+                page = await client.get("/")
+                minted = await client.post("/dev/session")
+            assert (page.status_code, minted.status_code) == (status, 201 if status == 200 else 404), command
+            if command == "dev":
+                assert "<title>curb-runner playground</title>" in page.text
+                assert set(minted.json()) == {"token", "session_id", "agent"}
+                assert any(line == f"runner: playground on http://{address}/" for line in runner.stderr)
+            runner.signal(signal.SIGINT)
+            assert await runner.wait_exit() == 0

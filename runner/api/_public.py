@@ -18,6 +18,7 @@ from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..transports.websocket import AgentSocketService
 from ..wire import parse_json
 from ._common import install_error_handlers
+from ._playground import Playground, install_playground
 
 
 class _QuartSocket:
@@ -68,11 +69,17 @@ def _bearer() -> str:
     return credential.strip()
 
 
-def create_public_app(service: AgentSocketService) -> QuartTrio:
-    """The public app of one runner: ``/v1/ephemeral-keys``, ``/v1/agent/...``."""
+def create_public_app(service: AgentSocketService, *, playground: Playground | None = None) -> QuartTrio:
+    """The public app of one runner: ``/v1/ephemeral-keys``, ``/v1/agent/...``.
+
+    With ``playground`` (``runner dev`` only), also the playground page at ``/`` and its
+    ``/dev/...`` routes.
+    """
     app = QuartTrio("runner.public")
     app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     install_error_handlers(app)
+    if playground is not None:
+        install_playground(app, service, playground)
 
     def require_api_key() -> None:
         if not service.is_api_key(_bearer()):
