@@ -32,7 +32,7 @@ from .errors import (
 )
 from .lifecycle import emit_lifecycle
 from .logs import bind_session
-from .transports import (
+from .sessions import (
     CallTarget,
     Disconnected,
     ParticipantLeft,

@@ -310,7 +310,7 @@ def _load_knowledge(args: argparse.Namespace) -> int:
     from journal import open_agent_store
 
     from .agent import load_agent
-    from .transports.websocket import agent_id_of
+    from .platform import agent_id_of
 
     agent = load_agent(args.agent)
     entries: list[tuple[str, str, str]] = []

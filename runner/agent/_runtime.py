@@ -20,7 +20,7 @@ import trio
 from ..calls import CallContext, CallRecord, keep_json
 from ..errors import HandlerFailed, InvalidPayload, InvalidRequest, NoHandler, NotAdjustable, RunnerError
 from ..providers import ChatMessage, ProviderError, ToolCall, ToolSpec, make_llm, make_stt, make_tts
-from ..transports import (
+from ..sessions import (
     AudioFrame,
     ClientRefusal,
     ParticipantJoined,

@@ -1,14 +1,14 @@
 """Transports: how a call reaches its caller (loopback, LiveKit, the agent WebSocket)."""
 
-from ._base import AudioFrame as AudioFrame
-from ._base import CallTarget as CallTarget
-from ._base import ClientRefusal as ClientRefusal
-from ._base import Disconnected as Disconnected
-from ._base import ParticipantJoined as ParticipantJoined
-from ._base import ParticipantLeft as ParticipantLeft
-from ._base import RequestHandler as RequestHandler
-from ._base import Transport as Transport
-from ._base import TransportError as TransportError
-from ._base import TransportEvent as TransportEvent
-from ._base import TransportSession as TransportSession
-from ._base import UserText as UserText
+from ..sessions import AudioFrame as AudioFrame
+from ..sessions import CallTarget as CallTarget
+from ..sessions import ClientRefusal as ClientRefusal
+from ..sessions import Disconnected as Disconnected
+from ..sessions import ParticipantJoined as ParticipantJoined
+from ..sessions import ParticipantLeft as ParticipantLeft
+from ..sessions import RequestHandler as RequestHandler
+from ..sessions import Transport as Transport
+from ..sessions import TransportError as TransportError
+from ..sessions import TransportEvent as TransportEvent
+from ..sessions import TransportSession as TransportSession
+from ..sessions import UserText as UserText

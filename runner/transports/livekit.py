@@ -54,7 +54,7 @@ import attrs
 import trio
 from livekit import rtc
 
-from ._base import (
+from ..sessions import (
     AudioFrame,
     CallTarget,
     ClientRefusal,

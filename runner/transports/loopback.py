@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import attrs
 import trio
 
-from ._base import (
+from ..sessions import (
     AudioFrame,
     CallTarget,
     ParticipantJoined,

@@ -8,7 +8,7 @@ import pytest
 
 from runner import ino_wire as w
 from runner.providers import ChatMessage
-from runner.transports.websocket import mood_of, summarise
+from runner.platform import mood_of, summarise
 
 from .ino_checker import schema_errors
 

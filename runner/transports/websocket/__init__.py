@@ -10,18 +10,20 @@ capacity, shows in ``GET /v1/runner``, has its turns journaled under the convers
 takes host messages and live settings, and is drained like any call.
 
 :class:`Connection` is the protocol driver of one socket: auth, the nine verbs, recordings,
-seq numbering and the close codes. :class:`InoCall` runs the conversation's turns through
-the call's :class:`~runner.agent._runtime.AgentRuntime` and turns what they report into
-frames for the socket that asked. :class:`AgentSocketService` ties both to the runner, the
-store of tokens and conversations, and the public REST routes.
+seq numbering and the close codes. The conversation itself (its turns, stored history,
+memory, knowledge, relations, moods and credits) is the platform's
+(:mod:`runner.platform`); what it reports becomes frames in ``_frames``, the one place the
+two meet. :class:`AgentSocketService` ties the sockets to the runner and the platform, and
+maps the public REST routes onto the platform.
 
-Where each part lives: ``_call`` (the transport, :class:`InoCall` and its turns),
-``_connection`` (:class:`Connection`), ``_service`` (:class:`AgentSocketService`) and
-``_common`` (limits, close reasons, moods, usage rows, setup).
+Where each part lives: ``_call`` (the transport and :class:`InoCall`, the session a
+conversation's sockets share), ``_connection`` (:class:`Connection`), ``_frames`` (events
+to frames), ``_service`` (:class:`AgentSocketService`) and ``_common`` (limits, close
+reasons, setup).
 """
 
 from ._call import InoCall, WebSocketTransport
-from ._common import AgentSocketSetup, SocketIO, agent_id_of, mood_of, summarise
+from ._common import AgentSocketSetup, SocketIO
 from ._connection import Connection
 from ._service import AgentSocketService
 
@@ -32,7 +34,4 @@ __all__ = [
     "InoCall",
     "SocketIO",
     "WebSocketTransport",
-    "agent_id_of",
-    "mood_of",
-    "summarise",
 ]

@@ -11,21 +11,22 @@ import attrs
 import trio
 
 from ... import ino_wire as w
-from ...agent._runtime import ConfirmationNotWaiting
+from ...platform import HEARING_RATE_HZ, Recording, TurnRateExceeded, TurnRequest, transcribe
+from ...platform._conversation import CONFLICT, NOT_WAITING
+from ...platform._events import Charged, ConversationEvent
 from ...providers import ProviderError
-from ._call import _CONFLICT, _NOT_WAITING, InoCall, _Recording, _TurnRequest, transcribe
+from ._call import InoCall
 from ._common import (
     _CLOSE_S,
     _UNWIND_S,
     AUTH_TIMEOUT_S,
-    HEARING_RATE_HZ,
     MAX_RECORDING_BYTES,
     MAX_TRANSCRIBING,
     CloseSocket,
     SocketIO,
     log,
-    transcription_row,
 )
+from ._frames import frames_of
 
 if TYPE_CHECKING:
     from ._service import AgentSocketService
@@ -52,7 +53,7 @@ class Connection:
         self.token_id = ""
         self.app_tools: tuple[str, ...] = ()
         self.call: InoCall | None = None
-        self.recording: _Recording | None = None
+        self.recording: Recording | None = None
         self.transcribing = 0
         self.closing: _Close | None = None
         self.close_after_turn: _Close | None = None
@@ -70,6 +71,19 @@ class Connection:
         self.seq += 1
         self._out_send.send_nowait(w.encode_frame(frame, self.seq))
         self.last_activity = trio.current_time()
+
+    def deliver(self, event: ConversationEvent) -> None:
+        """Say what the conversation reports, as frames on this socket."""
+        for frame in frames_of(event, idle_seconds=self.service.idle_seconds):
+            if isinstance(frame, bytes):
+                self.send_binary(frame)
+            else:
+                self.send(frame)
+        if isinstance(event, Charged):
+            self.service.after_charge(event.token_id, event.spent)
+
+    def turn_over(self) -> None:
+        self.check_close_after_turn()
 
     def send_binary(self, pcm: bytes) -> None:
         if self.closing is None and pcm:
@@ -100,8 +114,7 @@ class Connection:
         call = self.call
         if call is None:
             return False
-        holds = call.held is not None and call.held[0] is self
-        return call.owned_turn(self) is not None or holds or self.transcribing > 0
+        return call.conversation.holds_turn_of(self) or self.transcribing > 0
 
     async def _write(self) -> None:
         async for item in self._out:
@@ -223,61 +236,71 @@ class Connection:
 
     # -- Verbs ---------------------------------------------------------------------------------
 
+    def _request_turn(self, request: TurnRequest) -> bool:
+        """Ask for a turn; ``False``: one runs already (the caller says so).
+
+        Raises:
+            CloseSocket: 4006, past the token's turns a minute.
+        """
+        assert self.call is not None
+        try:
+            return self.call.conversation.request_turn(self, request) != "conflict"
+        except TurnRateExceeded as exc:
+            raise CloseSocket(4006, str(exc)) from None
+
     async def _on_verb(self, verb: w.Verb, nursery: trio.Nursery) -> None:
         call = self.call
         assert call is not None
+        conversation = call.conversation
         if isinstance(verb, w.Auth):
             raise CloseSocket(4009, "auth was already sent on this connection")
         if isinstance(verb, w.UserMessage):
-            outcome = call.request_turn(
-                self, _TurnRequest(text=verb.text, speech=verb.speech, thoughts=verb.thoughts is True)
-            )
-            if outcome == "conflict":
-                self.send(w.Error(code="conflict", message=_CONFLICT))
+            request = TurnRequest(text=verb.text, speech=verb.speech, thoughts=verb.thoughts is True)
+            if not self._request_turn(request):
+                self.send(w.Error(code="conflict", message=CONFLICT))
         elif isinstance(verb, w.UserAudioStart):
             await self._open_recording(verb, nursery)
         elif isinstance(verb, w.UserAudioEnd):
             self._end_recording(verb, nursery)
         elif isinstance(verb, w.Cancel):
-            state = call.owned_turn(self)
+            state = conversation.owned_turn(self)
             if state is not None:
-                call.cancel_turn(state, "cancel")
+                conversation.cancel_turn(state, "cancel")
             if self.recording is not None:
                 self._close_recording()
-            if call.held is not None and call.held[0] is self:
-                call.held = None
+            conversation.drop_held(self)
         elif isinstance(verb, w.Mute):
-            state = call.owned_turn(self)
+            state = conversation.owned_turn(self)
             if state is not None:
-                call.mute_turn(state)
+                conversation.mute_turn(state)
         elif isinstance(verb, w.ToolConfirmed):
             self._confirm(verb)
         elif isinstance(verb, w.ToolResult):
-            call.app_result(verb)
+            conversation.app_result(verb.call_id, verb.result, verb.error)
 
     def _confirm(self, verb: w.ToolConfirmed) -> None:
         call = self.call
-        assert call is not None and call.runtime is not None
-        try:
-            call.runtime.pending_confirmation(verb.call_id)
-        except ConfirmationNotWaiting:
-            self.send(w.Error(code="not_found", message=_NOT_WAITING))
+        assert call is not None
+        if not call.conversation.check_confirmation(verb.call_id):
+            self.send(w.Error(code="not_found", message=NOT_WAITING))
             return
-        request = _TurnRequest(
+        request = TurnRequest(
             text="Yes." if verb.yes else "No.",
             confirm_call_id=verb.call_id,
             yes=verb.yes,
             speech=verb.speech,
             thoughts=verb.thoughts is True,
         )
-        if call.request_turn(self, request) == "conflict":
-            self.send(w.Error(code="conflict", message=_CONFLICT))
+        if not self._request_turn(request):
+            self.send(w.Error(code="conflict", message=CONFLICT))
 
     # -- Recordings ----------------------------------------------------------------------------
 
     async def _open_recording(self, start: w.UserAudioStart, nursery: trio.Nursery) -> None:
         call = self.call
-        assert call is not None and call.runtime is not None
+        assert call is not None
+        runtime = call.conversation.runtime
+        assert runtime is not None
         if self.recording is not None:
             self.send(
                 w.Error(
@@ -288,7 +311,7 @@ class Connection:
             )
             return
         try:
-            stt = call.runtime.recognizer(start.language)
+            stt = runtime.recognizer(start.language)
         except ValueError as exc:
             self.send(
                 w.Error(code="validation_failed", message=f"language: {exc}", recording_id=start.recording_id)
@@ -306,7 +329,14 @@ class Connection:
             )
             return
         rate = start.rate or HEARING_RATE_HZ
-        recording = _Recording(start=start, rate_hz=rate, stt=stt)
+        recording = Recording(
+            recording_id=start.recording_id,
+            rate_hz=rate,
+            stt=stt,
+            barge_in=start.barge_in is True,
+            speech=start.speech,
+            thoughts=start.thoughts is True,
+        )
         stream = None
         if hasattr(stt, "open_stream"):
             try:
@@ -385,16 +415,14 @@ class Connection:
             self.transcribing += 1
             nursery.start_soon(self._transcribe_only, recording)
             return
-        request = _TurnRequest(
-            recording=recording, speech=recording.start.speech, thoughts=recording.start.thoughts is True
-        )
-        if call.request_turn(self, request) == "conflict":
-            self.send(w.Error(code="conflict", message=_CONFLICT, recording_id=recording.recording_id))
+        request = TurnRequest(recording=recording, speech=recording.speech, thoughts=recording.thoughts)
+        if not self._request_turn(request):
+            self.send(w.Error(code="conflict", message=CONFLICT, recording_id=recording.recording_id))
             return
         self._close_recording()
 
     async def _recognize_partials(
-        self, recording: _Recording, stream: Any, chunks: trio.MemoryReceiveChannel[bytes]
+        self, recording: Recording, stream: Any, chunks: trio.MemoryReceiveChannel[bytes]
     ) -> None:
         carry = b""
         with recording.scope:
@@ -423,15 +451,15 @@ class Connection:
                         self.send(w.HeardPartial(text=text))
                         call = self.call
                         if (
-                            recording.start.barge_in
+                            recording.barge_in
                             and not recording.barged
                             and call is not None
-                            and call.is_person(text)
+                            and call.conversation.is_person(text)
                         ):
                             recording.barged = True
-                            call.barge_in(self, text, recording.recording_id)
+                            call.conversation.barge_in(self, text, recording.recording_id)
 
-    async def _transcribe_only(self, recording: _Recording) -> None:
+    async def _transcribe_only(self, recording: Recording) -> None:
         request_id = "req_" + secrets.token_hex(8)
         try:
             text, seconds = await transcribe(recording)
@@ -456,12 +484,12 @@ class Connection:
             )
             if self.call is not None and seconds > 0:
                 try:
-                    spent = await self.service.store.charge(
+                    spent = await self.service.platform.charge_transcription(
                         conversation_id=self.call.conversation_id,
-                        turn_id=request_id,
+                        request_id=request_id,
                         token_id=self.token_id,
                         end_user_id=self.end_user_id,
-                        rows=[transcription_row(seconds)],
+                        seconds=seconds,
                     )
                 except Exception:
                     log.exception("the usage of a transcription was not stored")

@@ -3,6 +3,9 @@
 A transport opens one session per call. The session reports what happens on the
 caller's side as events, and takes what the agent says. LiveKit, the agent
 WebSocket and the in-process loopback all plug in here.
+
+This module sits below both the calls and the agent runtime, and above nothing of the
+runner's: events flow one way, from the transports up to the call's conversation.
 """
 
 from __future__ import annotations
