@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import trio
 
 from .agent import Agent
-from .agent._runtime import AgentRuntime, choose_experiments
+from .agent._runtime import AgentRuntime, choose_experiments, without_voice
 from .calls import CallContext
 from .logs import bind_session
 from .transports.loopback import LoopbackCaller, LoopbackSession
@@ -224,7 +224,7 @@ async def run_console(
     speaking = sounddevice is not None or wav_path is not None
     if not speaking:
         # Nobody hears it: no need to synthesize speech.
-        agent = _without_voice(agent)
+        agent = without_voice(agent)
     runtime = AgentRuntime(agent, call, None, host_connected=False)
     session = LoopbackSession("app")
     caller = LoopbackCaller(session)
@@ -258,14 +258,3 @@ async def _drain(caller: LoopbackCaller) -> None:
     # With nobody listening, the speech queue is read and dropped, so it never grows.
     async for _ in caller.audio:
         pass
-
-
-def _without_voice(agent: Agent) -> Agent:
-    import copy
-
-    quiet = copy.copy(agent)
-    quiet.tts = None
-    quiet.skills = [copy.copy(s) for s in agent.skills]
-    for skill in quiet.skills:
-        skill.tts = None
-    return quiet

@@ -253,6 +253,9 @@ class AgentRuntime:
         self._warned: set[tuple[str, str]] = set()
         self.undelivered_to_client: dict[str, int] = {}
         self.refused_queued_host_messages = 0
+        self._unsent = 0
+        self._sent = trio.Event()
+        self._sent.set()
         self._outbox_send, self._outbox = trio.open_memory_channel[Callable[[], Awaitable[None]]](math.inf)
         self._listeners: list[Callable[[TurnEvent], Awaitable[None]]] = []
         self._audio_rate_hz = 0
@@ -275,6 +278,9 @@ class AgentRuntime:
         # More instructions from the transport (a conversation's summary, knowledge found):
         # each is asked again for every model call; ``None`` or "" adds nothing.
         self.instruction_extras: list[Callable[[], str | None]] = []
+        # A chat model object every turn uses instead of the one the settings name
+        # (``runner.testing`` runs an agent against a scripted model); None: the settings'.
+        self.model: Any = None
 
     # -- What the agent offers, with live settings on top -----------------------------------
 
@@ -433,7 +439,7 @@ class AgentRuntime:
         llm_spec, tts_spec, _ = self.current()
         # A provider this runner cannot build fails the turn (or its speech), never the call.
         try:
-            llm = self._providers.llm(llm_spec)
+            llm = self.model if self.model is not None else self._providers.llm(llm_spec)
         except Exception as exc:
             log.error("call %s: cannot build its model: %s", self.call.session_id, exc)
             llm = _Unbuildable(str(exc))
@@ -891,7 +897,7 @@ class AgentRuntime:
             await session.send_to_client(key, body)
             await self._event("curb.toClient", {"key": key, "payload": keep_json(body)[0]})
 
-        self._outbox_send.send_nowait(send)
+        self._queue_send(send)
 
     def to_host(self, key: str, payload: Mapping[str, Any] | None) -> None:
         check_key(key)
@@ -910,7 +916,7 @@ class AgentRuntime:
         async def send() -> None:
             await self._write("host", record)
 
-        self._outbox_send.send_nowait(send)
+        self._queue_send(send)
 
     async def ask_host(self, key: str, payload: Mapping[str, Any] | None, timeout_s: float) -> Any:
         check_key(key)
@@ -933,6 +939,16 @@ class AgentRuntime:
         finally:
             self._asks.pop(ask_id, None)
 
+    def _queue_send(self, send: Callable[[], Awaitable[None]]) -> None:
+        self._unsent += 1
+        if self._sent.is_set():
+            self._sent = trio.Event()
+        self._outbox_send.send_nowait(send)
+
+    async def wait_sent(self) -> None:
+        """Wait until every message agent code queued so far has been sent (and journaled)."""
+        await self._sent.wait()
+
     async def _serve_outbox(self) -> None:
         # One task sends what agent code queued, so messages leave in the order they were sent.
         async for send in self._outbox:
@@ -940,6 +956,10 @@ class AgentRuntime:
                 await send()
             except Exception as exc:
                 log.warning("a message could not be sent: %s", exc)
+            finally:
+                self._unsent -= 1
+                if self._unsent == 0:
+                    self._sent.set()
 
     # -- Records ----------------------------------------------------------------------------
 
@@ -1006,3 +1026,15 @@ def conversation_factory(
         return AgentRuntime(agent, call, record, host_connected=host_connected)
 
     return make
+
+
+def without_voice(agent: Agent) -> Agent:
+    """A copy of ``agent`` (and its skills) that only writes: nobody hears it, so nothing is synthesized."""
+    import copy
+
+    quiet = copy.copy(agent)
+    quiet.tts = None
+    quiet.skills = [copy.copy(s) for s in agent.skills]
+    for skill in quiet.skills:
+        skill.tts = None
+    return quiet
