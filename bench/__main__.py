@@ -83,6 +83,13 @@ SCENARIOS = (
     ),
     Scenario(name="websocket", what="WebSocket overhead vs in-process", quick_s=10, full_s=25, limit_s=700),
     Scenario(
+        name="host",
+        what="runner.host: placements across 4 runners; follower catch-up vs raw httpx",
+        quick_s=45,
+        full_s=150,
+        limit_s=600,
+    ),
+    Scenario(
         name="livekit",
         what="calls through a real LiveKit server",
         quick_s=90,

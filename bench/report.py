@@ -278,6 +278,33 @@ def _livekit_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _host_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    host = _ok(runs, "host")
+    if not host:
+        return []
+    placements, catch_up = host["placements"], host["catch_up"]
+    return [
+        _row(
+            "host",
+            f"placements across {placements['runners']} runners (runner.host.RunnerPool)",
+            placements["pool_best_per_s"],
+            placements["raw_best_per_s"],
+            "raw httpx starts, round-robin",
+            "calls/s",
+            "higher",
+        ),
+        _row(
+            "host",
+            "follower catch-up (follow_events), best",
+            catch_up["follower_best_per_s"],
+            catch_up["raw_best_per_s"],
+            "httpx aiter_lines + json.loads",
+            "records/s",
+            "higher",
+        ),
+    ]
+
+
 def _growth(
     name: str, points: list[tuple[int, float]], unit: str, *, higher_better: bool = False
 ) -> dict[str, Any] | None:
@@ -403,6 +430,7 @@ ROW_BUILDERS: tuple[Callable[[Mapping[str, Any]], list[dict[str, Any]]], ...] = 
     _turns_rows,
     _websocket_rows,
     _livekit_rows,
+    _host_rows,
 )
 
 

@@ -593,6 +593,11 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
+# One decoder: json.loads with any option builds a new one per call, which costs as much as
+# parsing a small record (a host's follower parses every stream line).
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
 def parse_json(text: str | bytes) -> Any:
     """Parse JSON as RFC 8259 defines it.
 
@@ -602,7 +607,10 @@ def parse_json(text: str | bytes) -> Any:
     Raises:
         ValueError: ``text`` is not JSON.
     """
-    return json.loads(text, parse_constant=_not_json)
+    if not isinstance(text, str):
+        # What json.loads does with bytes.
+        text = text.decode(json.detect_encoding(text), "surrogatepass")
+    return _DECODER.decode(text)
 
 
 def decode(cls: type[T], value: Any) -> T:
