@@ -218,6 +218,8 @@ class RunnerPool:
                 state.incompatible = True
                 refusals[state.url] = exc
             except RunnerUnreachable as exc:
+                if exc.maybe_delivered:
+                    raise  # the call may be there: placing it elsewhere could start it twice
                 state.up = False
                 refusals[state.url] = exc
             else:

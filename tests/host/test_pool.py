@@ -22,6 +22,7 @@ from runner.host import (
     RunnerClient,
     RunnerDraining,
     RunnerPool,
+    RunnerUnreachable,
 )
 
 from ..runner_process import RunnerProcess, read_stream, records, start_runner
@@ -202,3 +203,29 @@ async def test_the_pool_watches_drains_and_ends_and_finds_calls_after_a_host_res
             assert pool.runner_for("b2") == b.base_url
             assert (await pool.stop_call("b1")).stopped
             assert (await pool.stop_call("nobody")).stopped is False
+
+
+@pytest.mark.slow
+async def test_a_runner_that_never_answers_is_not_passed_over(tmp_path: Path) -> None:
+    async with (
+        start_runner(tmp_path / "stopped.db") as stopped,
+        start_runner(tmp_path / "other.db") as other,
+    ):
+        stopped.signal(signal.SIGSTOP)
+        try:
+            impatient = httpx.Timeout(2.0, read=0.3)
+            async with RunnerPool(
+                [stopped.base_url, other.base_url],
+                token=TOKEN,
+                watch_interval_s=None,
+                timeout=impatient,
+                lost_answer_attempts=2,
+            ) as pool:
+                # The start reached a process that says nothing: it may take the call yet.
+                with pytest.raises(RunnerUnreachable) as unreachable:
+                    await pool.start_call(start("c1"))
+            assert unreachable.value.maybe_delivered is True
+            assert unreachable.value.url == stopped.base_url
+        finally:
+            stopped.signal(signal.SIGCONT)
+        assert await _sessions(other) == []
