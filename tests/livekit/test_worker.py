@@ -488,3 +488,28 @@ async def test_a_lost_worker_socket_reconnects_and_the_call_goes_on(
                 await control.request("delete_room", room=name)
             await wait_for([f], lambda: len(ended(f.records)) == 2)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_the_server_refuses_exits_1_without_a_ready_line(
+    livekit: LiveKitEnv, tmp_path: Path
+) -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "runner",
+        "start",
+        *worker_args("curb-refused"),
+        "--journal",
+        str(tmp_path / "j.db"),
+    ]
+    done = await trio.run_process(
+        livekit.argv(argv),
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        cwd=str(REPO),
+        env=livekit.env({"LIVEKIT_API_SECRET": "not-the-secret-0123456789abcdef0123456789"}),
+    )
+    assert done.returncode == 1
+    assert b"curb-hosted" not in done.stdout
+    assert b"refused the worker (401)" in done.stderr
