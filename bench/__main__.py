@@ -97,6 +97,14 @@ SCENARIOS = (
         limit_s=400,
         full_only="needs a LiveKit server in a private network namespace and several minutes; full mode only",
     ),
+    Scenario(
+        name="worker",
+        what="worker mode under LiveKit's dispatch vs livekit-agents' own worker",
+        quick_s=180,
+        full_s=420,
+        limit_s=900,
+        full_only="needs a LiveKit server in a private network namespace and several minutes; full mode only",
+    ),
 )
 NAMES = tuple(s.name for s in SCENARIOS)
 MESSAGES_MOST_CALLS_CAP = {True: 1_000, False: 10_000}  # by --quick

@@ -305,6 +305,71 @@ def _host_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _worker_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    worker = _ok(runs, "worker")
+    if not worker or "ours_1" not in worker:
+        return []
+    theirs = worker.get("agents_1", {}).get("dispatch_to_joined_ms", {})
+    ours_burst, theirs_burst = worker.get("ours_burst", {}), worker.get("agents_burst", {})
+    agents = "livekit-agents' AgentServer, same server, same run"
+    return [
+        _row(
+            "worker",
+            "create_dispatch to agent joined p50, 1 worker",
+            worker["ours_1"]["dispatch_to_joined_ms"]["p50"],
+            theirs.get("p50"),
+            agents,
+            "ms",
+            "lower",
+        ),
+        _row(
+            "worker",
+            "create_dispatch to first agent audio p50, 1 worker",
+            worker["ours_1"]["dispatch_to_first_audio_ms"]["p50"],
+            None,
+            "livekit-agents' empty entrypoint says nothing",
+            "ms",
+            "lower",
+        ),
+        _row(
+            "worker",
+            "create_dispatch to first agent audio p50, 2 workers",
+            worker.get("ours_2", {}).get("dispatch_to_first_audio_ms", {}).get("p50"),
+            None,
+            "livekit-agents' empty entrypoint says nothing",
+            "ms",
+            "lower",
+        ),
+        _row(
+            "worker",
+            "jobs per second, one worker, a burst",
+            ours_burst.get("jobs_per_second"),
+            theirs_burst.get("jobs_per_second"),
+            agents,
+            "jobs/s",
+            "higher",
+        ),
+        _row(
+            "worker",
+            "private memory (USS) per job",
+            ours_burst.get("uss_per_job_mib"),
+            theirs_burst.get("uss_per_job_mib"),
+            agents,
+            "MiB",
+            "lower",
+        ),
+        _row(
+            "worker",
+            "resident memory (RSS) per job",
+            ours_burst.get("rss_per_job_mib"),
+            theirs_burst.get("rss_per_job_mib"),
+            agents,
+            "MiB",
+            "lower",
+        ),
+    ]
+
+
 def _growth(
     name: str, points: list[tuple[int, float]], unit: str, *, higher_better: bool = False
 ) -> dict[str, Any] | None:
@@ -431,6 +496,7 @@ ROW_BUILDERS: tuple[Callable[[Mapping[str, Any]], list[dict[str, Any]]], ...] = 
     _websocket_rows,
     _livekit_rows,
     _host_rows,
+    _worker_rows,
 )
 
 

@@ -233,17 +233,23 @@ class AgentWorker:
         for attempt in range(1_000_000_000):
             try:
                 await self._connect_once(jobs, on_registered)
-            except ConnectionRejected as exc:
-                if exc.status_code in (401, 403):
+            except Exception as exc:
+                # The socket's tasks may report a loss as a group (a write and a read failing
+                # together): it is a loss when every error in it is one.
+                errors = _leaves(exc)
+                refused = [
+                    e for e in errors if isinstance(e, ConnectionRejected) and e.status_code in (401, 403)
+                ]
+                if refused:
                     raise WorkerRejected(
-                        f"the LiveKit server at {self._url} refused the worker ({exc.status_code}):"
+                        f"the LiveKit server at {self._url} refused the worker ({refused[0].status_code}):"
                         " check LIVEKIT_API_KEY and LIVEKIT_API_SECRET"
-                    ) from None
-                log.warning("the LiveKit server refused the worker socket (%s)", exc.status_code)
-            except (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError, _SocketLost) as exc:
+                    ) from exc
+                if not all(isinstance(e, _SOCKET_LOST) for e in errors):
+                    raise
                 if self._closing:
                     return
-                log.warning("the LiveKit worker socket was lost: %s", exc or type(exc).__name__)
+                log.warning("the LiveKit worker socket was lost: %s", "; ".join(_describe(e) for e in errors))
             if self._closing:
                 return
             # Jittered, so a fleet that lost its server does not come back in step.
@@ -431,6 +437,21 @@ class AgentWorker:
 
 class _SocketLost(Exception):
     pass
+
+
+_SOCKET_LOST = (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError, _SocketLost)
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ConnectionRejected):
+        return f"refused ({error.status_code})"
+    return str(error) or type(error).__name__
 
 
 async def _receive(ws: WebSocketConnection) -> proto.ServerMessage:
