@@ -51,10 +51,12 @@ class FrameRejected(Exception):
 class FrameInvalid(Exception):
     """A verb that was understood but breaks a limit: answered with ``validation_failed``."""
 
-    def __init__(self, verb: str, field: str, message: str) -> None:
+    def __init__(self, verb: str, field: str, message: str, *, recording_id: str | None = None) -> None:
         super().__init__(f"{verb}.{field} {message}")
         self.verb = verb
         self.field = field
+        # The recording a refused user_audio.start named (an error about it carries it).
+        self.recording_id = recording_id
 
 
 def _length(low: int, high: int) -> Any:
@@ -690,10 +692,23 @@ def decode_verb(text: str) -> Verb:
         path, problem = _first_problem(exc, [])
         field = ".".join(path) or "(frame)"
         if isinstance(problem, LimitError):
-            raise FrameInvalid(kind, problem.field, str(problem).removeprefix(problem.field + " ")) from None
+            raise FrameInvalid(
+                kind,
+                problem.field,
+                str(problem).removeprefix(problem.field + " "),
+                recording_id=_recording_id(fields) if cls is UserAudioStart else None,
+            ) from None
         if isinstance(problem, KeyError):
             raise FrameRejected(f"{kind} needs {problem.args[0]!r}") from None
         raise FrameRejected(f"{kind}.{field} {problem}") from None
+
+
+def _recording_id(fields: dict[str, Any]) -> str | None:
+    """The frame's recording_id, when it is a good one (a bad one is not echoed)."""
+    value = fields.get("recording_id")
+    if isinstance(value, str) and 1 <= len(value) <= MAX_RECORDING_ID_CHARS:
+        return value
+    return None
 
 
 def encode_frame(frame: Any, seq: int) -> str:

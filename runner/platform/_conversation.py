@@ -22,7 +22,9 @@ from ..agent._runtime import (
 from ..providers import ChatMessage, ProviderError, ToolCall, ToolSpec
 from ..voice.audio import pcm_seconds, rms_dbfs
 from ..voice.engine import (
+    AudioData,
     AudioEnd,
+    AudioStart,
     Heard,
     Muted,
     ReplyDelta,
@@ -33,6 +35,7 @@ from ..voice.engine import (
     TurnFinished,
     TurnResult,
     TurnStarted,
+    UsageReported,
     new_turn_id,
 )
 from ._events import (
@@ -43,6 +46,7 @@ from ._events import (
     ConversationEvent,
     Joined,
     KnowledgeSearched,
+    MoodJudged,
     NoVoice,
     Refused,
     Stage,
@@ -171,6 +175,11 @@ class RunningTurn:
     knowledge: str | None = None
     relation: RelationRow | None = None
     speech_seconds: float = 0.0
+    # The reply's text the last mood was judged on.
+    mood_text: str | None = None
+    # The open audio window: its rate, and the bytes of it handed to the owner so far.
+    window_rate_hz: int = 0
+    window_bytes: int = 0
     done: trio.Event = attrs.Factory(trio.Event)
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
 
@@ -514,13 +523,37 @@ class Conversation:
             if not state.muted_sent:
                 state.muted_sent = True
                 owner.deliver(event)
+        elif isinstance(event, AudioStart):
+            state.window_rate_hz, state.window_bytes = event.sample_rate_hz, 0
+            owner.deliver(event)
+        elif isinstance(event, AudioData):
+            owner.deliver(event)
+            state.window_bytes += len(event.pcm)
+        elif isinstance(event, AudioEnd):
+            # A cancel can stop the engine between counting a piece of audio and handing it
+            # over: the window's end reports what the owner was given, which it was charged.
+            seconds = state.window_bytes / 2 / state.window_rate_hz if state.window_rate_hz else 0.0
+            state.speech_seconds += seconds
+            owner.deliver(attrs.evolve(event, bytes=state.window_bytes, audio_seconds=seconds))
+        elif isinstance(event, UsageReported):
+            # The mood belongs with the text it judges, before the usage (seed 002's order).
+            self._judge_mood(state, state.text)
+            owner.deliver(event)
         else:
             if isinstance(event, ReplyDelta):
                 # Thoughts are never part of the text: not in the message nor the transcript.
                 state.text += event.text
-            elif isinstance(event, AudioEnd):
-                state.speech_seconds += event.audio_seconds
             owner.deliver(event)
+
+    def _judge_mood(self, state: RunningTurn, text: str) -> tuple[str, float] | None:
+        """Report the reply's mood, if the agent reports moods and the text changed since the last."""
+        if not self.platform.agent.moods or not text.strip():
+            return None
+        mood = mood_of(text)
+        if state.mood_text != text:
+            state.mood_text = text
+            state.owner.deliver(MoodJudged(turn=state.id, mood=mood[0], intensity=mood[1]))
+        return mood
 
     def _kind(self, state: RunningTurn, name: str) -> ToolKind:
         runtime = self.runtime
@@ -672,6 +705,8 @@ class Conversation:
                 )
             )
         state.open_tools.clear()
+        # A reply with no usage after its last words (scripted, or cut short) is judged now.
+        mood = self._judge_mood(state, result.text)
         if state.mute_requested and not state.muted_sent:
             state.muted_sent = True
             owner.deliver(Muted(turn=tid))
@@ -686,7 +721,6 @@ class Conversation:
             compacted = None
         compacted, self.pending_compacted = compacted or self.pending_compacted, None
         state.finished = True
-        mood = mood_of(result.text) if self.platform.agent.moods and result.text.strip() else None
         reason = state.cancel_reason or "internal"
         if result.error_code is not None:
             reason = "provider_failed"  # the code of the error that names the failure

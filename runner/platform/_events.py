@@ -78,6 +78,15 @@ class KnowledgeSearched:
 
 
 @attrs.frozen(kw_only=True)
+class MoodJudged:
+    """How the agent feels in its reply so far: once its text is written, before the usage."""
+
+    turn: str
+    mood: str
+    intensity: float
+
+
+@attrs.frozen(kw_only=True)
 class ToolOpened:
     turn: str
     call_id: str
@@ -177,6 +186,7 @@ ConversationEvent = (
     | NoVoice
     | Refused
     | KnowledgeSearched
+    | MoodJudged
     | ToolOpened
     | ToolClosed
     | AppToolCalled

@@ -253,6 +253,7 @@ class Turn:
         self._first_audio: float | None = None
         self._thoughts = False
         self._after_filler = False
+        self._chunks_cut = 0
         self._stage = "model"
 
     def cancel(self, reason: str = "cancelled") -> None:
@@ -349,7 +350,7 @@ class Turn:
         return result
 
     async def _produce(self, scripted: str | None) -> None:
-        send_chunk, receive_chunk = trio.open_memory_channel[str](math.inf)
+        send_chunk, receive_chunk = trio.open_memory_channel[tuple[int, str]](math.inf)
         failure: ProviderError | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._speak, receive_chunk)
@@ -370,7 +371,7 @@ class Turn:
             raise failure
 
     async def _text(
-        self, text: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]
+        self, text: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[tuple[int, str]]
     ) -> None:
         if self._first_text is None:
             self._first_text = time.monotonic()
@@ -384,22 +385,31 @@ class Turn:
         for piece in chunker.feed(text):
             await self._chunk(piece, send_chunk)
 
-    async def _flush(self, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
+    async def _flush(
+        self, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[tuple[int, str]]
+    ) -> None:
         """Send what the chunker still holds, though its sentence is unfinished."""
         for piece in chunker.flush():
             await self._chunk(piece, send_chunk)
 
-    async def _chunk(self, piece: str, send_chunk: trio.MemorySendChannel[str]) -> None:
-        send_chunk.send_nowait(piece)
-        await trio.lowlevel.checkpoint()
+    async def _chunk(self, piece: str, send_chunk: trio.MemorySendChannel[tuple[int, str]]) -> None:
+        # Reported as it is cut, not when its turn to be spoken comes: a piece's text is
+        # never held behind the audio of the pieces before it (or behind the usage).
+        chunk = self._chunks_cut
+        self._chunks_cut += 1
+        send_chunk.send_nowait((chunk, piece))
+        await self._emit(ReplyChunk(turn=self.id, chunk=chunk, text=piece))
 
-    async def _generate(self, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]) -> None:
+    async def _generate(
+        self, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[tuple[int, str]]
+    ) -> None:
         plan = self._plan
         for round_ in range(plan.max_tool_rounds + 1):
             # The last round offers no tools, so the model must answer in words.
             tools = plan.tools() if round_ < plan.max_tool_rounds else ()
             messages = [ChatMessage(role="system", content=plan.instructions()), *self._history]
             calls: list[ToolCall] = []
+            usages: list[UsageReported] = []
             began = time.monotonic()
             round_text = ""
             async with aclosing(_stream(plan.llm, messages, tools, thoughts=self._thoughts)) as events:
@@ -415,11 +425,16 @@ class Turn:
                         calls.append(event)
                     elif isinstance(event, Usage):
                         self._usage.append(event)
-                        await self._emit(
+                        usages.append(
                             UsageReported(
                                 turn=self.id, usage=event, generation_seconds=time.monotonic() - began
                             )
                         )
+            # The round's words are all written: its last piece is cut before its usage is
+            # reported (seed 002's order: text chunks, then usage, then the round's tools).
+            await self._flush(chunker, send_chunk)
+            for usage in usages:
+                await self._emit(usage)
             if not calls or not tools:
                 # A model that calls a tool it was not offered gets no more rounds.
                 return
@@ -432,7 +447,7 @@ class Turn:
         call: ToolCall,
         round_: int,
         *,
-        speak: tuple[SentenceChunker, trio.MemorySendChannel[str]] | None = None,
+        speak: tuple[SentenceChunker, trio.MemorySendChannel[tuple[int, str]]] | None = None,
     ) -> None:
         arguments = dict(call.arguments)
         await self._emit(ToolStarted(turn=self.id, call_id=call.id, name=call.name, arguments=arguments))
@@ -468,7 +483,7 @@ class Turn:
         self._history.append(ChatMessage(role="tool", content=content, tool_call_id=call.id))
 
     async def _say_filler(
-        self, line: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[str]
+        self, line: str, chunker: SentenceChunker, send_chunk: trio.MemorySendChannel[tuple[int, str]]
     ) -> None:
         """Say ``line`` now, while the tool runs: it is part of the reply, as the caller hears it."""
         # Whatever the model wrote before calling the tool is said first, in order.
@@ -479,12 +494,8 @@ class Turn:
         await self._emit(ReplyDelta(turn=self.id, text=text))
         await self._chunk(line, send_chunk)
 
-    async def _speak(self, chunks: trio.MemoryReceiveChannel[str]) -> None:
-        index = 0
-        async for piece in chunks:
-            chunk = index
-            index += 1
-            await self._emit(ReplyChunk(turn=self.id, chunk=chunk, text=piece))
+    async def _speak(self, chunks: trio.MemoryReceiveChannel[tuple[int, str]]) -> None:
+        async for chunk, piece in chunks:
             tts = self._plan.tts
             if tts is None or self._muted:
                 continue

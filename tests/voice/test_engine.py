@@ -148,6 +148,41 @@ async def _run(turn: Turn, user: str | None = "Hi.", *, seconds: float = 10) -> 
         return await turn.run(user)
 
 
+# -- the order of a turn (seed 002): a round's text chunks, then its usage, then its tools ------
+
+
+async def test_every_text_chunk_of_a_round_is_reported_before_its_usage() -> None:
+    # The last piece has no full stop: only the end of the round cuts it. A tool round, then
+    # the answer; the voice is real, so a chunk's text cannot wait behind earlier audio.
+    llm = ScriptedLLM(
+        ["One moment. Let me look", ToolCall(id="c1", name="look", arguments={})],
+        ["It is sunny. Enjoy the walk"],
+    )
+    emit = Recorder()
+
+    async def look(call: ToolCall) -> ToolOutcome:
+        return ToolOutcome(ok=True, result="sunny")
+
+    spec = ToolSpec(name="look", description="Look outside.", parameters={"type": "object"})
+    turn = Turn(_plan(llm, EspeakTTS("en-us"), tools=[spec], run_tool=look), [], emit)
+
+    result = await _run(turn)
+
+    assert not result.interrupted
+    assert [c.text for c in emit.of(ReplyChunk)] == [
+        "One moment.",
+        "Let me look",
+        "It is sunny.",
+        "Enjoy the walk",
+    ]
+    usages = [i for i, e in enumerate(emit.events) if isinstance(e, UsageReported)]
+    tool_start = emit.index(lambda e: isinstance(e, ToolStarted))
+    chunks = {e.text: i for i, e in enumerate(emit.events) if isinstance(e, ReplyChunk)}
+    assert len(usages) == 2
+    assert chunks["One moment."] < chunks["Let me look"] < usages[0] < tool_start
+    assert tool_start < chunks["It is sunny."] < chunks["Enjoy the walk"] < usages[1]
+
+
 # -- streaming: speak the first sentence while the model still writes --------------------------
 
 

@@ -13,6 +13,9 @@ It fails (``ProtocolViolation``) on the first frame that breaks the contract of
 * ``text.chunk`` indexes count 0, 1, 2, ...; an audio window opens (``audio.start``) for a
   chunk already sent, one window at a time, in chunk order; binary frames arrive only inside a
   window; ``audio.end`` names its window's chunk and counts its bytes and seconds;
+* a round's ``text.chunk`` frames and its ``mood`` come before its ``usage`` ("knowledge, mood,
+  thought.delta, text.delta, text.chunk and audio windows, interleaved → usage"): after a
+  ``usage``, neither comes until the model writes again (a ``text.delta``);
 * ``tool.start``/``tool.end`` come in pairs; ``tool.call`` and ``tool.confirm`` fall inside their
   call's pair; ``muted`` comes after the last ``audio.end`` and no window opens after it;
 * ``turn.done`` repeats the reply (``message`` is the text deltas joined), its spoken chunks,
@@ -98,6 +101,7 @@ class _Turn:
     muted: bool = False
     replied: bool = False
     thoughts: str = ""
+    after_usage: bool = False
 
 
 @attrs.define
@@ -200,7 +204,13 @@ class FrameChecker:
             if not frame["text"]:
                 self.fail("an empty thought.delta", frame)
             turn.thoughts += frame["text"]
+        if kind == "usage":
+            turn.after_usage = True
         elif kind == "text.delta":
+            turn.after_usage = False
+        elif kind in ("text.chunk", "mood") and turn.after_usage:
+            self.fail(f"{kind} after the usage of its text", frame)
+        if kind == "text.delta":
             turn.text += frame["text"]
         elif kind == "text.chunk":
             if frame["chunk"] != turn.chunks:

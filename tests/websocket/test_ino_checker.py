@@ -343,6 +343,25 @@ BROKEN: list[tuple[str, Callable[[], FrameChecker], str]] = [
         "which is not running",
     ),
     (
+        "a text chunk after its usage",
+        lambda: feed([f("ready"), f("turn.start"), f("text.delta"), f("usage"), f("text.chunk")]),
+        "text.chunk after the usage of its text",
+    ),
+    (
+        "a mood after the usage",
+        lambda: feed(
+            [
+                f("ready"),
+                f("turn.start"),
+                f("text.delta"),
+                f("text.chunk"),
+                f("usage"),
+                ("mood", {"turn": TURN, "mood": "calm", "intensity": 0.2}),
+            ]
+        ),
+        "mood after the usage of its text",
+    ),
+    (
         "a bad sample rate",
         lambda: feed([f("ready", audio={"codec": "pcm_s16le", "sample_rate": 12345, "channels": 1})]),
         "12345 is not one of",

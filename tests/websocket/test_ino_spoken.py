@@ -257,21 +257,45 @@ async def test_invalid_request_for_an_end_with_nothing_recorded(speaking: Addres
 async def test_validation_failed_for_a_rate_model_or_language_the_socket_does_not_take(
     speaking: Addresses,
 ) -> None:
+    # An error about a recording carries its recording_id (a bad one is not echoed), and a
+    # model the runner does not have is not repeated back.
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id) as sock:
-        for start, message in [
-            ({"rate": 12_345}, "user_audio.start.rate must be one of 8000, 16000, 22050, 24000, 44100"),
+        for start, message, recording_id in [
+            (
+                {"rate": 12_345, "recording_id": "r1"},
+                "user_audio.start.rate must be one of 8000, 16000, 22050, 24000, 44100",
+                "r1",
+            ),
             (
                 {"model": "scribe_v2", "recording_id": "m"},
-                "model 'scribe_v2' is not available here; this agent transcribes with 'pocketsphinx'",
+                "that model is not available here; this agent transcribes with 'pocketsphinx'",
+                "m",
             ),
-            ({"language": "fr"}, "language: pocketsphinx has only an English model, not 'fr'"),
-            ({"language": "e"}, "user_audio.start.language must be 2 to 8 characters"),
-            ({"recording_id": "r" * 65}, "user_audio.start.recording_id must be 1 to 64 characters"),
+            (
+                {"language": "fr", "recording_id": "l1"},
+                "language: pocketsphinx has only an English model, not 'fr'",
+                "l1",
+            ),
+            (
+                {"language": "e", "recording_id": "l2"},
+                "user_audio.start.language must be 2 to 8 characters",
+                "l2",
+            ),
+            ({"rate": 12_345}, "user_audio.start.rate must be one of 8000, 16000, 22050, 24000, 44100", None),
+            (
+                {"recording_id": "r" * 65},
+                "user_audio.start.recording_id must be 1 to 64 characters",
+                None,
+            ),
         ]:
             await sock.send("user_audio.start", **start)
             error = (await sock.until_type("error"))[-1]
-            assert (error["code"], error["message"]) == ("validation_failed", message)
+            assert (error["code"], error["message"], error["recording_id"]) == (
+                "validation_failed",
+                message,
+                recording_id,
+            )
         # None of those opened a recording.
         await sock.send_raw(bytes(640))
         assert await sock.closed() == (4011, "binary audio with no user_audio.start before it")
@@ -302,3 +326,4 @@ async def test_cancel_discards_an_open_recording(speaking: Addresses) -> None:
         await sock.send("user_audio.end")
         assert (await sock.until_type("error"))[-1]["code"] == "invalid_request"  # nothing open any more
         sock.checker.finish()
+

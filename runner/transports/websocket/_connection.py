@@ -183,7 +183,7 @@ class Connection:
                 raise CloseSocket(4009, str(exc)) from None
             except w.FrameInvalid as exc:
                 self.last_activity = trio.current_time()
-                self.send(w.Error(code="validation_failed", message=str(exc)))
+                self.send(w.Error(code="validation_failed", message=str(exc), recording_id=exc.recording_id))
                 continue
             if isinstance(verb, w.Ping):
                 self._out_send.send_nowait(w.PONG)
@@ -323,7 +323,8 @@ class Connection:
             self.send(
                 w.Error(
                     code="validation_failed",
-                    message=f"model {start.model!r} is not available here; this agent transcribes with {stt.provider!r}",
+                    # The model asked for is not repeated: an error never echoes what it refuses.
+                    message=f"that model is not available here; this agent transcribes with {stt.provider!r}",
                     recording_id=start.recording_id,
                 )
             )

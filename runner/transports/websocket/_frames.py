@@ -18,6 +18,7 @@ from ...platform._events import (
     ConversationEvent,
     Joined,
     KnowledgeSearched,
+    MoodJudged,
     NoVoice,
     Refused,
     ToolClosed,
@@ -93,6 +94,8 @@ def frames_of(event: ConversationEvent, *, idle_seconds: int) -> Iterator[Any]:
             outcome=event.outcome,
             entries=[w.KnowledgeEntry(entry_id=h.entry_id, title=h.title, score=h.score) for h in event.hits],
         )
+    elif isinstance(event, MoodJudged):
+        yield w.Mood(turn=event.turn, mood=event.mood, intensity=event.intensity)
     elif isinstance(event, ToolOpened):
         yield w.ToolStart(
             turn=event.turn, name=event.name, kind=event.kind, call_id=wire_call_id(event.kind, event.call_id)
@@ -162,8 +165,6 @@ def frames_of(event: ConversationEvent, *, idle_seconds: int) -> Iterator[Any]:
 def _closed(event: TurnClosed) -> Iterator[Any]:
     result = event.result
     tid = event.turn
-    if event.mood is not None:
-        yield w.Mood(turn=tid, mood=event.mood[0], intensity=event.mood[1])
     mood, intensity = event.mood if event.mood is not None else (None, None)
     if result.interrupted:
         if result.error_code is not None:
