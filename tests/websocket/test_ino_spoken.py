@@ -326,4 +326,3 @@ async def test_cancel_discards_an_open_recording(speaking: Addresses) -> None:
         await sock.send("user_audio.end")
         assert (await sock.until_type("error"))[-1]["code"] == "invalid_request"  # nothing open any more
         sock.checker.finish()
-
