@@ -192,9 +192,18 @@ async def test_a_dispatched_room_runs_as_a_call_of_the_worker(livekit: LiveKitEn
                 "workerId": job["worker_id"],
             }
 
-            # The call answers the host like any other: its state, and host messages.
+            # The call answers the host like any other: its state, host messages, live settings.
             live = await host.request("GET", f"/v1/sessions/{job['id']}")
             assert (live.status, live.body["state"]) == (200, "connected")
+            message = {"id": "m-1", "name": "ops.notice", "payload": {"text": "hi"}}
+            sent = await host.request("POST", f"/v1/sessions/{job['id']}/messages", message)
+            assert (sent.status, sent.body) == (202, {"id": "m-1", "delivered": True})
+            refused = await host.request(
+                "POST", f"/v1/sessions/{job['id']}/messages", {**message, "id": "m-2", "name": "nobody"}
+            )
+            assert (refused.status, refused.body["error"]) == (422, "no_handler")
+            patched = await host.request("PATCH", f"/v1/sessions/{job['id']}", {"tts": {"voice": "en-us+f2"}})
+            assert (patched.status, patched.body["settings"]["tts"]["voice"]) == (200, "en-us+f2")
             # A worker takes no calls from a host, exactly as the seed says.
             for method, path, body in (
                 (
