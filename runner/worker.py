@@ -288,6 +288,11 @@ class AgentWorker:
                 self.setup.agent_name,
             )
             on_registered()
+            # What waited for this socket: job statuses still count; pings and worker statuses
+            # are stale (a fresh one follows).
+            kept = [m for m in self._outbox if m.HasField("update_job")]
+            self._outbox.clear()
+            self._outbox.extend(kept)
             self._last_status = None
             self._status_nowait()
             heard = [trio.current_time()]

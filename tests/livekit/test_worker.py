@@ -419,12 +419,19 @@ async def test_a_room_on_one_node_is_served_by_a_worker_on_the_other(
 
 class CuttableProxy:
     """A TCP proxy inside the namespace, in front of livekit-server: ``cut(n)`` drops its n-th
-    connection (both ends), as a network that loses one socket would."""
+    connection (both ends), as a network that loses one socket would; ``freeze(n)`` keeps it
+    open but lets nothing through, as a network that silently stops would."""
 
     def __init__(self, livekit: LiveKitEnv) -> None:
         self.livekit = livekit
         self.port = 0
         self.connections: list[tuple[trio.SocketStream, trio.SocketStream]] = []
+        self.requests: list[bytes] = []  # each connection's first bytes from its client
+        self.frozen: set[int] = set()
+
+    def agent_sockets(self) -> list[int]:
+        """The connections that are worker sockets (``GET /agent``), oldest first."""
+        return [i for i, first in enumerate(self.requests) if first.startswith(b"GET /agent")]
 
     @property
     def url(self) -> str:
@@ -441,17 +448,25 @@ class CuttableProxy:
                 client = await listener.accept()
                 upstream = await self.livekit.open_tcp_stream(self.livekit.host, self.livekit.server.port)
                 self.connections.append((client, upstream))
-                nursery.start_soon(self._pipe, client, upstream)
-                nursery.start_soon(self._pipe, upstream, client)
+                self.requests.append(b"")
+                index = len(self.connections) - 1
+                nursery.start_soon(self._pipe, index, client, upstream)
+                nursery.start_soon(self._pipe, index, upstream, client)
 
-    async def _pipe(self, source: trio.SocketStream, sink: trio.SocketStream) -> None:
+    async def _pipe(self, index: int, source: trio.SocketStream, sink: trio.SocketStream) -> None:
         try:
             async for chunk in source:
-                await sink.send_all(chunk)
+                if not self.requests[index] and source is self.connections[index][0]:
+                    self.requests[index] = chunk[:64]
+                if index not in self.frozen:
+                    await sink.send_all(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             await sink.aclose()
+
+    def freeze(self, index: int) -> None:
+        self.frozen.add(index)
 
     async def cut(self, index: int) -> None:
         for stream in self.connections[index]:
@@ -479,10 +494,10 @@ async def test_a_lost_worker_socket_reconnects_and_the_call_goes_on(
             (job,) = f.rooms
             assert await state_of(host, job, within=30) == "connected"
 
-            # The worker's socket was the proxy's first connection (the room's came later).
             registered = "registered with the LiveKit server as worker"
             assert sum(registered in line for line in host.runner.stderr) == 1
-            await proxy.cut(0)
+            (socket,) = proxy.agent_sockets()
+            await proxy.cut(socket)
             await host.runner.wait_for(
                 lambda: sum(registered in line for line in host.runner.stderr) == 2, timeout=20
             )
@@ -493,6 +508,16 @@ async def test_a_lost_worker_socket_reconnects_and_the_call_goes_on(
             await wait_for([f], lambda: later in f.rooms.values())
             for job in f.rooms:
                 assert await state_of(host, job, within=30) == "connected"
+
+            # A socket that goes silent (no close, no pong) is given up after two ping
+            # intervals, and replaced; the calls go on.
+            proxy.freeze(proxy.agent_sockets()[-1])
+            await host.runner.wait_for(
+                lambda: sum(registered in line for line in host.runner.stderr) == 3, timeout=30
+            )
+            assert any("did not answer" in line for line in host.runner.stderr)
+            for job in f.rooms:
+                assert await state_of(host, job) == "connected"
             for name in (room, later):
                 await control.request("delete_room", room=name)
             await wait_for([f], lambda: len(ended(f.records)) == 2)
