@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import attrs
 import trio
 
-from journal import KnowledgeHit, RelationRow, Spent, StoredMessage, StoredToolCall
+from journal import AgentStore, KnowledgeHit, RelationRow, Spent, StoredMessage, StoredToolCall
 
 from ..agent._runtime import (
     AgentRuntime,
@@ -71,8 +71,7 @@ from ._rules import (
 )
 
 if TYPE_CHECKING:
-    from ..agent import AppTool
-    from ._service import Platform
+    from ..agent import Agent, AppTool
 
 log = logging.getLogger("runner.platform")
 
@@ -100,6 +99,18 @@ class Participant(Protocol):
     def turn_over(self) -> None:
         """A turn this participant asked for is over (it may close now)."""
         ...
+
+
+class ConversationHost(Protocol):
+    """What a conversation needs from the platform that holds it (:class:`~._service.Platform`)."""
+
+    store: AgentStore
+    agent: Agent
+    agent_id: str
+
+    def start_turn_soon(self, fn: Callable[..., Any], *args: Any) -> None: ...
+
+    def check_turn_rate(self, token_id: str) -> None: ...
 
 
 class ConversationClosed(Exception):
@@ -190,7 +201,7 @@ Outcome = Literal["started", "held", "conflict"]
 class Conversation:
     """One conversation while its call runs: its participants, its turns, its messages."""
 
-    def __init__(self, conversation_id: str, platform: Platform) -> None:
+    def __init__(self, conversation_id: str, platform: ConversationHost) -> None:
         self.conversation_id = conversation_id
         self.platform = platform
         self.participants: list[Participant] = []

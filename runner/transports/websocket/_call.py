@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import trio
 
 from ...agent._runtime import AgentRuntime
-from ...platform import Conversation, ConversationClosed
+from ...platform import Conversation, ConversationClosed, Platform
 from ...sessions import CallTarget, Disconnected, RequestHandler, TransportError, TransportEvent
-from ._common import SCHEME, CloseSocket
-
-if TYPE_CHECKING:
-    from ._connection import Connection
-    from ._service import AgentSocketService
-
+from ._common import SCHEME, CloseSocket, Socket
 
 # -- The transport -------------------------------------------------------------------------
 
@@ -30,19 +25,21 @@ class WebSocketTransport:
 
     def __init__(self) -> None:
         self.calls: dict[str, InoCall] = {}
-        self.service: AgentSocketService | None = None
+        # Set by the service that serves the sockets (none: no socket can reach a call).
+        self.platform: Platform | None = None
+        self.draining: Callable[[], bool] = lambda: False
 
     def handles(self, url: str) -> bool:
         return urlsplit(url).scheme == SCHEME
 
     @asynccontextmanager
     async def open_session(self, target: CallTarget) -> AsyncIterator[InoCall]:
-        if self.service is None:
+        if self.platform is None:
             raise TransportError("the agent WebSocket is not served on this runner")
         # No nursery or cancel scope may span this yield: the call enters it inside its own
         # start timeout. Turns run in the platform's nursery, each under its own cancel scope.
-        with self.service.platform.open_conversation(target.session_id) as conversation:
-            call = InoCall(conversation, self.service)
+        with self.platform.open_conversation(target.session_id) as conversation:
+            call = InoCall(conversation, self.draining)
             self.calls[target.session_id] = call
             try:
                 yield call
@@ -63,11 +60,11 @@ class InoCall:
     # The runtime does not open the call on its own: the first socket's ready comes first.
     drives_turns = True
 
-    def __init__(self, conversation: Conversation, service: AgentSocketService) -> None:
+    def __init__(self, conversation: Conversation, draining: Callable[[], bool]) -> None:
         self.conversation = conversation
         self.conversation_id = conversation.conversation_id
-        self.service = service
-        self.sockets: list[Connection] = []
+        self._draining = draining
+        self.sockets: list[Socket] = []
         self._events_send, self._events = trio.open_memory_channel[TransportEvent](math.inf)
 
     # -- TransportSession ----------------------------------------------------------------
@@ -98,7 +95,7 @@ class InoCall:
     def closed(self) -> bool:
         return self.conversation.closed
 
-    async def attach(self, conn: Connection, runtime: AgentRuntime) -> None:
+    async def attach(self, conn: Socket, runtime: AgentRuntime) -> None:
         """Add a socket: it is answered ``ready``, and a new conversation's opening turn starts.
 
         Raises:
@@ -109,9 +106,8 @@ class InoCall:
         except ConversationClosed as exc:
             raise CloseSocket(4013, str(exc)) from None
         self.sockets.append(conn)
-        conn.call = self
 
-    async def detach(self, conn: Connection) -> None:
+    async def detach(self, conn: Socket) -> None:
         """Remove a socket; its turn is cancelled, and the last one to leave ends the call."""
         if conn in self.sockets:
             self.sockets.remove(conn)
@@ -120,7 +116,7 @@ class InoCall:
 
     async def wind_down(self) -> None:
         """The call is ending: close its sockets, and let a running turn unwind (bounded)."""
-        reason = "runner draining" if self.service.runner.draining else "the call ended; reconnect"
+        reason = "runner draining" if self._draining() else "the call ended; reconnect"
         self.conversation.closed = True
         for conn in list(self.sockets):
             conn.close_nowait(4013, reason)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 from importlib import metadata
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from journal import RelationRow
+from journal import ConversationRow, RelationRow, Spent
 
 from ... import ino_wire as w
 from ...platform import HEARING_RATE_HZ as HEARING_RATE_HZ
+from ...platform import Participant, Platform
 
 if TYPE_CHECKING:
     from ...agent import Agent
@@ -92,6 +93,32 @@ class SocketIO(Protocol):
     async def send(self, data: str | bytes) -> None: ...
 
     async def close(self, code: int, reason: str) -> None: ...
+
+
+class Socket(Participant, Protocol):
+    """What a conversation's call needs from one of its sockets (a :class:`~._connection.Connection`)."""
+
+    def close_nowait(self, code: int, reason: str | None = None) -> None: ...
+
+
+class SocketHost(Protocol):
+    """What a socket needs from the service that serves it (:class:`~._service.AgentSocketService`).
+
+    Sockets are passed as ``Any``: the service takes the socket it made, a type this module
+    is below.
+    """
+
+    idle_seconds: int
+    platform: Platform
+    connections: set[Any]
+
+    async def authenticate(self, conn: Any, auth: w.Auth) -> ConversationRow: ...
+
+    async def attach(self, conn: Any, conversation: ConversationRow) -> None: ...
+
+    def uncount(self, end_user_id: str, token_id: str) -> None: ...
+
+    def after_charge(self, token_id: str, spent: Spent) -> None: ...
 
 
 @attrs.frozen(kw_only=True)

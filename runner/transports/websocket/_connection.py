@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
@@ -23,14 +23,11 @@ from ._common import (
     MAX_RECORDING_BYTES,
     MAX_TRANSCRIBING,
     CloseSocket,
+    SocketHost,
     SocketIO,
     log,
 )
 from ._frames import frames_of
-
-if TYPE_CHECKING:
-    from ._service import AgentSocketService
-
 
 # -- One socket ------------------------------------------------------------------------------
 
@@ -44,7 +41,7 @@ class _Close:
 class Connection:
     """The protocol driver of one socket: auth, verbs, recordings, frames in seq order."""
 
-    def __init__(self, service: AgentSocketService, io: SocketIO, url_session_id: str | None) -> None:
+    def __init__(self, service: SocketHost, io: SocketIO, url_session_id: str | None) -> None:
         self.service = service
         self.io = io
         self.url_session_id = url_session_id

@@ -71,7 +71,8 @@ class AgentSocketService:
         self.connections: set[Connection] = set()
         self._per_end_user: dict[str, int] = {}
         self._per_token: dict[str, int] = {}
-        transport.service = self
+        transport.platform = self.platform
+        transport.draining = lambda: runner.draining
 
     # -- REST ------------------------------------------------------------------------------
 
@@ -252,6 +253,7 @@ class AgentSocketService:
             if not isinstance(runtime, AgentRuntime):
                 raise CloseSocket(4013, "this runner has no agent to talk to")
             await session.attach(conn, runtime)
+            conn.call = session
             return
         raise CloseSocket(4013, "the conversation's call could not be joined; reconnect")
 
