@@ -52,7 +52,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromiu
 class DevRunner:
     """``runner dev`` (the built-in agent) in a process of its own; its stderr read line by line."""
 
-    def __init__(self, journal: Path) -> None:
+    def __init__(self, journal: Path, agent: str | None = None) -> None:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -64,6 +64,7 @@ class DevRunner:
                 "-m",
                 "runner",
                 "dev",
+                *([agent] if agent else []),
                 "--address",
                 "127.0.0.1:0",
                 "--public-address",
@@ -122,8 +123,8 @@ class DevRunner:
 
 
 @pytest.fixture
-def dev(tmp_path: Path) -> Iterator[DevRunner]:
-    runner = DevRunner(tmp_path / "journal.db")
+def dev(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[DevRunner]:
+    runner = DevRunner(tmp_path / "journal.db", getattr(request, "param", None))
     try:
         yield runner
     finally:
@@ -164,6 +165,7 @@ def _journal_texts(page: Page) -> list[str]:
     return page.eval_on_selector_all("#journal li", "items => items.map(i => i.textContent)")
 
 
+@pytest.mark.parametrize("dev", ["tests.playground_agents:moody_concierge"], indirect=True)
 def test_a_typed_turn_gets_the_reply_its_tool_and_its_records_on_screen(
     dev: DevRunner, tmp_path: Path
 ) -> None:
@@ -177,7 +179,9 @@ def test_a_typed_turn_gets_the_reply_its_tool_and_its_records_on_screen(
         page.fill("#text", QUESTION)
         page.press("#text", "Enter")
         page.wait_for_function("window.playground.replies.length >= 2", timeout=WAIT_MS)
-        replies = page.eval_on_selector_all("#transcript li.agent", "items => items.map(i => i.textContent)")
+        replies = page.eval_on_selector_all(
+            "#transcript li.agent", "items => items.map(i => i.firstChild.textContent)"
+        )
         assert replies[-1] == ANSWER
         assert page.eval_on_selector_all("#transcript li.user", "items => items.map(i => i.textContent)") == [
             QUESTION
@@ -193,8 +197,9 @@ def test_a_typed_turn_gets_the_reply_its_tool_and_its_records_on_screen(
         assert any("curb.started" in r for r in records)
         assert any(f"user: {QUESTION}" in r for r in records)
         assert any(f"assistant: {ANSWER}" in r for r in records)
-        # The reply is heard, not only read.
+        # The reply is heard, not only read, and says how the agent feels.
         page.wait_for_function("window.playground.played > 1", timeout=WAIT_MS)
+        assert page.text_content("#transcript li.agent:last-of-type .mood") == "cheerful 0.4"
 
         # A live settings change from the form (the host's PATCH path) shows the new voice.
         page.fill("#voice", "en-us")
@@ -203,9 +208,17 @@ def test_a_typed_turn_gets_the_reply_its_tool_and_its_records_on_screen(
             "document.querySelector('#effective').textContent.includes('\"voice\": \"en-us\"')",
             timeout=WAIT_MS,
         )
+        # A change the runner refuses is shown as an error, and changes nothing.
+        page.fill("#voice", "")
+        page.fill("#language", "xx")
+        page.click("#settings button")
+        page.wait_for_selector("#transcript li.error", timeout=WAIT_MS)
+        assert page.text_content("#transcript li.error").startswith("settings refused: invalid_settings: ")
+        assert '"voice": "en-us"' in page.text_content("#effective")
         _shot(page, tmp_path, "playground-typed.png")
         browser.close()
-    assert failures == []
+    # The refused PATCH (422 invalid_settings) is the one failure the page was made to see.
+    assert [f for f in failures if "/dev/sessions/" not in f or not f.startswith("422 ")] == []
 
 
 async def _question_wav(path: Path) -> None:
