@@ -90,6 +90,13 @@ SCENARIOS = (
         limit_s=600,
     ),
     Scenario(
+        name="telemetry",
+        what="metrics and tracing on vs off: a turn, a journal append",
+        quick_s=40,
+        full_s=150,
+        limit_s=600,
+    ),
+    Scenario(
         name="livekit",
         what="calls through a real LiveKit server",
         quick_s=90,

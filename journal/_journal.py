@@ -455,6 +455,8 @@ class Journal:
         self._head = writer.head
         self.commits = 0
         """Transactions committed since the journal opened (each one fsync)."""
+        self.on_commit: Callable[[int, float], None] | None = None
+        """Told of each commit: its record count and the seconds it took (the runner's metrics)."""
         self._changed = trio.Event()
         self._stopped = trio.Event()
         self._recent = _RecentLines(min(writer.retention_records, _RECENT_LINES), _RECENT_BYTES)
@@ -552,11 +554,12 @@ class Journal:
                 batch = list(item)
                 # Everything queued now goes in this batch: one transaction, one fsync.
                 stop = self._take_queued(batch)
+                began = time.perf_counter()
                 try:
                     result: outcome.Outcome[Any] = outcome.Value(self._writer.write(batch))
                 except Exception as exc:
                     result = outcome.Error(exc)
-                token.run_sync_soon(self._committed, batch, result)
+                token.run_sync_soon(self._committed, batch, result, time.perf_counter() - began)
         finally:
             # Run after every _committed above (run_sync_soon keeps order).
             token.run_sync_soon(self._writer_stopped)
@@ -572,7 +575,7 @@ class Journal:
                 return True
             into.extend(item)
 
-    def _committed(self, batch: list[_Pending], result: outcome.Outcome[Any]) -> None:
+    def _committed(self, batch: list[_Pending], result: outcome.Outcome[Any], seconds: float = 0.0) -> None:
         """In the Trio thread, once a batch committed (or failed): wake followers, then appenders."""
         if isinstance(result, outcome.Error):
             # An outcome is unwrapped once, and an exception raised in several tasks would
@@ -586,6 +589,8 @@ class Journal:
         self._recent.add(records[0].envelope, lines, size)
         self._head = records[-1].envelope
         self.commits += 1
+        if self.on_commit is not None:
+            self.on_commit(len(records), seconds)
         self._changed.set()
         self._changed = trio.Event()
         for item, record in zip(batch, records, strict=True):

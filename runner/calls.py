@@ -41,6 +41,7 @@ from .sessions import (
     TransportEvent,
     TransportSession,
 )
+from .telemetry import current_metrics, enter_span, exit_span, start_span
 from .wire import (
     PROTOCOL_VERSION,
     Direction,
@@ -196,6 +197,20 @@ class Call:
         return self._stop_reason
 
     async def deliver_host_message(self, message: HostMessage) -> bool:
+        """Deliver a host message (see :meth:`_deliver_host_message`), counted by outcome."""
+        metrics = current_metrics()
+        if metrics is None:
+            return await self._deliver_host_message(message)
+        held = self.state == "starting"
+        try:
+            taken = await self._deliver_host_message(message)
+        except RunnerError as refusal:
+            metrics.host_messages.labels(refusal.code).inc()
+            raise
+        metrics.host_messages.labels(("held" if held else "delivered") if taken else "repeated").inc()
+        return taken
+
+    async def _deliver_host_message(self, message: HostMessage) -> bool:
         """Deliver a host message; False when its id was already delivered to this call.
 
         While the call starts, up to :data:`MAX_HELD_MESSAGES` are held and delivered in
@@ -266,8 +281,21 @@ class Call:
         reason = "ended"
         bind_session(self.session_id)
         began = trio.current_time()
+        metrics = current_metrics()
+        # The call's span is current for the rest of its life: its tasks' spans are its children.
+        span = start_span(
+            "call",
+            {
+                "curb.session_id": self.session_id,
+                "curb.transport": self._transport.name,
+                "curb.direction": self.start.direction,
+            },
+        )
+        entered = enter_span(span)
         try:
             await self.record.event("curb.started", self._started_payload())
+            if metrics is not None:
+                metrics.calls_started.labels(self._transport.name).inc()
             log.info(
                 "call %s started (transport %s, %s)",
                 self.session_id,
@@ -300,6 +328,12 @@ class Call:
                 reason,
                 trio.current_time() - began,
             )
+            if metrics is not None:
+                metrics.call_ended(reason)
+            if span is not None:
+                span.set_attribute("curb.end_reason", reason)
+                span.end()
+            exit_span(entered)
             self._ended.set()
 
     def _started_payload(self) -> dict[str, Any]:
@@ -517,6 +551,17 @@ class Runner:
         Raises:
             RunnerDraining, GenerationMismatch, RunnerAtCapacity, StartFailed.
         """
+        try:
+            return await self._start_call(start, origin)
+        except RunnerError as refusal:
+            metrics = current_metrics()
+            if metrics is not None:
+                metrics.starts_refused.labels(refusal.code).inc()
+            raise
+
+    async def _start_call(
+        self, start: StartCallRequest, origin: Mapping[str, Any] | None
+    ) -> tuple[Call, bool]:
         # Everything up to registering the call runs without a checkpoint, so two
         # concurrent starts of one session id cannot both pass the checks.
         if self.draining:

@@ -175,6 +175,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--class", dest="cls")
     replay.add_argument("--follow", action="store_true", help="keep printing new records")
     replay.add_argument("--json", action="store_true", help="lines identical to the events stream's")
+    replay.add_argument(
+        "--call", metavar="ID", help="one call as a readable timeline, offsets from its start"
+    )
     _add_logging(replay, default_level="warning")
     return parser
 
@@ -232,6 +235,15 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"runner: {exc}", file=sys.stderr)
         return 2
+    from .telemetry import configure_tracing_from_env
+
+    try:
+        exporter = configure_tracing_from_env()
+    except ValueError as exc:
+        print(f"runner: {exc}", file=sys.stderr)
+        return 2
+    if exporter is not None:
+        log.info("tracing: spans go to the %s exporter", exporter)
     agent = load_agent(args.agent)
     if not _warm_up(agent):
         return 1
@@ -378,8 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"runner: {exc}", file=sys.stderr)
         return 2
     if args.command == "replay":
-        from .replay import replay
+        from .replay import call_timeline, replay
 
+        if args.call is not None:
+            return call_timeline(args.journal, args.call, as_json=args.json)
         return replay(
             args.journal,
             after=args.from_,

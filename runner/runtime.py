@@ -26,12 +26,13 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from journal import open_agent_store, open_journal
 
-from .api import create_management_app, create_public_app
+from .api import create_management_app, create_metrics_app, create_public_app
 from .api._playground import Playground
 from .calls import ConversationFactory, Runner, close_open_calls
 from .config import Config
 from .errors import RunnerError
 from .lifecycle import emit_lifecycle
+from .telemetry import Metrics
 from .transports import Transport
 from .transports.websocket import AgentSocketService, AgentSocketSetup, WebSocketTransport
 from .wire import LifecycleEnded, LifecycleReady, LifecycleRecovered, StartCallRequest
@@ -43,6 +44,7 @@ TOKEN_ENV = "CURB_MANAGEMENT_TOKEN"
 API_KEY_ENV = "CURB_API_KEY"
 PUBLIC_LINE = "runner: public listener on "
 PLAYGROUND_LINE = "runner: playground on "
+METRICS_LINE = "runner: metrics listener on "
 _SHUTDOWN_GRACE_S = 5.0
 
 
@@ -159,6 +161,9 @@ async def serve_runner(
     """
     started_at = time.monotonic() if started_at is None else started_at
     exit_code = 0
+    # Every task of this runner counts into its own registry (see runner.telemetry).
+    metrics = Metrics()
+    metrics.use()
     async with AsyncExitStack() as stack:
         journal_path = config.journal_path
         if not config.keep_journal:
@@ -184,6 +189,11 @@ async def serve_runner(
         if agent_socket is not None and socket_transport is not None:
             store = await stack.enter_async_context(open_agent_store(journal.path))
             sockets = AgentSocketService(runner, socket_transport, store, agent_socket)
+        metrics.watch(
+            journal=journal,
+            calls=lambda: [(call.state, config.mode) for call in runner.calls.values()],
+            agent_sockets=(lambda: len(sockets.connections)) if sockets is not None else None,
+        )
         closing = trio.Event()
         shutdown = trio.Event()
         app = create_management_app(
@@ -193,6 +203,7 @@ async def serve_runner(
             heartbeat_ms=config.heartbeat_ms,
             closing=closing,
             keeps_journal=config.keep_journal,
+            metrics=metrics,
         )
         joined_ok = True
 
@@ -254,6 +265,22 @@ async def serve_runner(
             if handle_signals:
                 # Before the ready line: a signal right after it is a drain, never a traceback.
                 await nursery.start(_watch_signals, runner, signal_scope)
+            metrics_done = trio.Event()
+            metrics_done.set()
+            if config.metrics_address is not None:
+                metrics_done = trio.Event()
+
+                async def serve_metrics(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                    await hypercorn_serve(
+                        create_metrics_app(metrics),
+                        _hypercorn_config(config.metrics_address),
+                        shutdown_trigger=shutdown.wait,
+                        task_status=task_status,
+                    )
+                    metrics_done.set()
+
+                metrics_binds = await nursery.start(serve_metrics)
+                print(METRICS_LINE + metrics_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
             if worker is not None:
                 await nursery.start(AgentWorker(runner, worker).serve)
             warmup_ms = int((time.monotonic() - started_at) * 1000)
@@ -274,5 +301,6 @@ async def serve_runner(
             shutdown.set()
             await http_done.wait()
             await public_done.wait()
+            await metrics_done.wait()
             signal_scope.cancel()
     return Outcome(exit_code=exit_code, reason=reason)

@@ -250,3 +250,21 @@ unreachable_model = Agent(
         base_url=os.environ.get("TEST_LLM_URL", "http://127.0.0.1:9/v1"),
     ),
 )
+
+# A call with a bit of everything for `runner replay --call` (tests/test_replay.py): a tool
+# that answers or fails, a host handler that replies and tells the host, a typed greeting.
+timeline = Agent("timeline", instructions="You tell the weather.", greeting="Hello, weather desk.", tts=None)
+
+
+@timeline.tool
+def weather(ctx: Context, city: str) -> str:
+    """Tell the weather forecast for a city."""
+    if city.strip().lower().rstrip("?.!") == "atlantis":
+        raise ValueError("no station in atlantis")
+    return f"In {city} it is sunny."
+
+
+@timeline.on_message("note", sender="host")
+def _timeline_note(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    ctx.send.to_host("note.seen", {"text": payload.get("text")})
+    return {"ok": True}

@@ -110,3 +110,16 @@ async def test_every_variable_is_in_help_and_in_the_docs_table() -> None:
     assert documented == variables
     for name in variables:
         assert re.search(rf"^  {name} +\S", helped, re.MULTILINE), name
+
+
+async def test_tracing_is_configured_by_the_standard_variables(tmp_path: Path) -> None:
+    done = await run(
+        "serve", "tests.agents:quiet", "--check", env={"OTEL_TRACES_EXPORTER": "console"}, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tracing: spans go to the console exporter" in done.stderr
+    bad = await run(
+        "serve", "tests.agents:quiet", "--check", env={"OTEL_TRACES_EXPORTER": "zipkin"}, cwd=tmp_path
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "runner: OTEL_TRACES_EXPORTER must be otlp, console or none, got 'zipkin'"

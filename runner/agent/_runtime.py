@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import trio
 
 from ..calls import CallContext, CallRecord, keep_json
 from ..errors import HandlerFailed, InvalidPayload, InvalidRequest, NoHandler, NotAdjustable, RunnerError
+from ..telemetry import current_metrics, current_span, enter_span, exit_span, stage, start_span
 from ..providers import ChatMessage, ProviderError, ToolCall, ToolSpec, make_llm, make_stt, make_tts
 from ..sessions import (
     AudioFrame,
@@ -261,7 +263,10 @@ class AgentRuntime:
         self._audio_rate_hz = 0
         self._listener: Listener | None = None
         self._turns_send, self._turns = trio.open_memory_channel[tuple[str, dict[str, Any]]](math.inf)
-        self._speech_send, self._speech = trio.open_memory_channel[SpeechEnded](math.inf)
+        # Each utterance with when it ended (time.monotonic()), for the turn's latency.
+        self._speech_send, self._speech = trio.open_memory_channel[tuple[SpeechEnded, float]](math.inf)
+        # Made inside the call's task, whose span (if tracing) is the call's: each turn's parent.
+        self._call_span = current_span()
         self._queued = 0
         self._idle = trio.Event()
         self._idle.set()
@@ -553,6 +558,8 @@ class AgentRuntime:
         hear: Hear | None = None,
         confirmed: PendingConfirmation | None = None,
         thoughts: bool = False,
+        span: Any = None,
+        speech_ended_at: float | None = None,
     ) -> TurnResult | None:
         """Run one turn (waiting for the one before it); ``None`` once the call stopped taking turns.
 
@@ -569,7 +576,48 @@ class AgentRuntime:
             thoughts: Ask the model for its thinking summaries (reported as ``Thought``
                 events, never part of the reply or the transcript). The caller decides
                 whether the agent allows them (``Agent(thinking_summaries=...)``).
+            span: The turn's trace span, when it was started before (a spoken turn's transcription).
+            speech_ended_at: ``time.monotonic()`` when the person stopped speaking, for the
+                first-audio latency (default: now, when the turn is asked for).
         """
+        asked_at = speech_ended_at if speech_ended_at is not None else time.monotonic()
+        if span is None:
+            span = start_span("turn", {"curb.session_id": self.call.session_id}, parent=self._call_span)
+        try:
+            return await self._take_turn(
+                text,
+                scripted=scripted,
+                heard_seconds=heard_seconds,
+                turn_id=turn_id,
+                exclusive=exclusive,
+                speech=speech,
+                app_tools=app_tools,
+                hear=hear,
+                confirmed=confirmed,
+                thoughts=thoughts,
+                span=span,
+                asked_at=asked_at,
+            )
+        finally:
+            if span is not None:
+                span.end()
+
+    async def _take_turn(
+        self,
+        text: str | None,
+        *,
+        scripted: str | None,
+        heard_seconds: float | None,
+        turn_id: str | None,
+        exclusive: bool,
+        speech: bool | None,
+        app_tools: Collection[str],
+        hear: Hear | None,
+        confirmed: PendingConfirmation | None,
+        thoughts: bool,
+        span: Any,
+        asked_at: float,
+    ) -> TurnResult | None:
         if not self._accepting:
             return None
         if exclusive and self.busy:
@@ -592,13 +640,17 @@ class AgentRuntime:
             spoken = hear
 
             async def heard_and_kept() -> tuple[str, float]:
-                words, seconds = await spoken()
+                with stage("stt", self._providers.stt(self.current()[2])):
+                    words, seconds = await spoken()
                 await self._write(
                     "conversation",
                     {"type": "turn", "turn": turn.id, "role": "user", "text": words, "spoken": True},
                 )
                 return words, seconds
 
+        if span is not None:
+            span.set_attribute("curb.turn_id", turn.id)
+        entered = enter_span(span)
         try:
             if text is not None:
                 await self._write(
@@ -611,7 +663,8 @@ class AgentRuntime:
                         "spoken": heard_seconds is not None,
                     },
                 )
-            return await turn.run(
+            started = time.monotonic()
+            result = await turn.run(
                 text,
                 scripted=scripted,
                 heard=text if heard_seconds is not None else None,
@@ -620,7 +673,10 @@ class AgentRuntime:
                 run_first=run_first,
                 thoughts=thoughts,
             )
+            _observe_turn(result, span, started - asked_at)
+            return result
         finally:
+            exit_span(entered)
             self._turn = None
             self._turn_app_tools = ()
             if confirmed is not None:
@@ -695,14 +751,25 @@ class AgentRuntime:
 
     async def _serve_hearing(self) -> None:
         assert self._listener is not None
-        async for speech in self._speech:
+        async for speech, ended_at in self._speech:
+            # The turn starts when the person stopped speaking: its transcription is its first child.
+            span = start_span("turn", {"curb.session_id": self.call.session_id}, parent=self._call_span)
+            entered = enter_span(span)
+            queued = False
             try:
-                heard = await self._listener.transcribe(speech)
+                with stage("stt", self._providers.stt(self.current()[2])):
+                    heard = await self._listener.transcribe(speech)
                 if heard.text:
-                    self._queue_turn(heard.text, heard_seconds=heard.audio_seconds)
+                    self._queue_turn(
+                        heard.text, heard_seconds=heard.audio_seconds, span=span, speech_ended_at=ended_at
+                    )
+                    queued = True
             except Exception as exc:
                 log.warning("call %s: transcription failed: %s", self.call.session_id, exc)
             finally:
+                exit_span(entered)
+                if span is not None and not queued:
+                    span.end()
                 self._turn_asked_done()
 
     def _turn_asked_done(self) -> None:
@@ -745,7 +812,7 @@ class AgentRuntime:
                     # Transcribed in order by its own task: the call keeps reading events meanwhile.
                     self._queued += 1
                     self._idle = trio.Event() if self._idle.is_set() else self._idle
-                    self._speech_send.send_nowait(heard)
+                    self._speech_send.send_nowait((heard, time.monotonic()))
         elif isinstance(event, ParticipantJoined) and event.kind == "transfer_target":
             # While the transfer target is in the call the agent neither listens nor speaks.
             self._listening = False
@@ -977,6 +1044,25 @@ class AgentRuntime:
             "undeliveredToClient": dict(self.undelivered_to_client),
             "refusedQueuedHostMessages": self.refused_queued_host_messages,
         }
+
+
+def _observe_turn(result: TurnResult, span: Any, waited_s: float) -> None:
+    """Count a finished turn; ``waited_s`` ran from the end of the person's turn to its start."""
+    metrics = current_metrics()
+    if metrics is not None:
+        first_audio_ms = result.timings.first_audio_sent_ms
+        metrics.turn_finished(
+            error=result.error_code is not None,
+            interrupted=result.interrupted,
+            first_audio_s=None if first_audio_ms is None else waited_s + first_audio_ms / 1000,
+        )
+    if span is not None:
+        span.set_attribute("curb.interrupted", result.interrupted)
+        if result.error_code is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, result.reason or result.error_code))
+            span.set_attribute("curb.failed_stage", result.stage or "")
 
 
 def _tool_call_record(call: Any) -> dict[str, Any]:

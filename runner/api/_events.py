@@ -11,6 +11,7 @@ from journal import CursorAhead, CursorTooOld, Journal, now_ms
 
 from ..errors import CursorTooOld as CursorTooOldError
 from ..errors import InvalidRequest
+from ..telemetry import follow, unfollow
 
 _BATCH = 4096
 
@@ -58,6 +59,7 @@ async def stream_lines(
     is set, after the last committed record went out.
     """
     start = cursor
+    follower = follow(cursor)
     try:
         while True:
             if journal.head <= cursor:
@@ -83,8 +85,11 @@ async def stream_lines(
                 return
             if rows:
                 cursor = rows[-1][0]
+                if follower is not None:
+                    follower.cursor = cursor
                 yield "".join(line + "\n" for _, line in rows).encode()
     finally:
+        unfollow(follower)
         # Under Hypercorn/Trio a stream learns its reader left only when a write
         # fails, so pings bound how long a dead stream lingers.
         log.debug("events stream from %d closed", start)

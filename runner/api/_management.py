@@ -11,7 +11,7 @@ from quart_trio import QuartTrio
 
 from journal import Journal
 
-from ..errors import InvalidRequest, NoJournal, RunnerTakesNoCalls, Unauthorized, UnknownVersion
+from ..errors import InvalidRequest, NoJournal, NotFound, RunnerTakesNoCalls, Unauthorized, UnknownVersion
 from ..wire import (
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
@@ -22,6 +22,8 @@ from ..wire import (
     StartCallRequest,
     StartCallResponse,
 )
+from ..telemetry import Metrics
+from ._metrics import metrics_response
 from ._common import install_error_handlers, json_response, read_body, read_json
 from ._events import check_cursor, parse_cursor, stream_lines
 
@@ -47,6 +49,7 @@ def create_management_app(
     heartbeat_ms: int,
     closing: trio.Event,
     keeps_journal: bool = True,
+    metrics: Metrics | None = None,
 ) -> QuartTrio:
     """The management app of one runner.
 
@@ -57,6 +60,7 @@ def create_management_app(
         heartbeat_ms: How long an idle stream waits before it writes a ping.
         closing: Set once the runner's terminal record is written: streams send
             what is left and finish, so the listener can close.
+        metrics: Served at ``GET /v1/metrics`` (Prometheus text), behind the same token.
         keeps_journal: False for a runner that keeps no journal a host could read
             (``runner start --no-journal``): its events stream answers 404 ``no_journal``.
     """
@@ -94,6 +98,12 @@ def create_management_app(
         # The stream is endless: Quart would otherwise cut it after RESPONSE_TIMEOUT.
         response.timeout = None
         return response
+
+    @app.get("/v1/metrics")
+    async def scrape() -> Response:
+        if metrics is None:
+            raise NotFound("this runner keeps no metrics")
+        return await metrics_response(metrics)
 
     @app.get("/v1/runner")
     async def runner_status() -> Response:

@@ -22,6 +22,7 @@ import trio
 
 from ..providers import LLM, TTS, ChatMessage, ProviderError, TextDelta, ToolCall, ToolSpec, Usage
 from ..providers._types import ThoughtDelta, reports_thoughts
+from ..telemetry import stage
 from .chunker import SentenceChunker
 
 # -- What a turn reports ---------------------------------------------------------------------
@@ -548,16 +549,21 @@ async def _stream(
 ) -> AsyncIterator[Any]:
     # One place owns the provider's iterator, so a cancelled turn always closes it.
     # ``thoughts`` goes only to a provider that takes it; the LLM protocol stays as it is.
-    if thoughts and reports_thoughts(llm):
-        stream = llm.stream(messages, tools, thoughts=True)  # type: ignore[call-arg]
-    else:
-        stream = llm.stream(messages, tools)
-    async with aclosing(stream) as events:  # type: ignore[type-var]
-        async for event in events:
-            yield event
+    with stage("llm", llm) as request:
+        if thoughts and reports_thoughts(llm):
+            stream = llm.stream(messages, tools, thoughts=True)  # type: ignore[call-arg]
+        else:
+            stream = llm.stream(messages, tools)
+        async with aclosing(stream) as events:  # type: ignore[type-var]
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    request.first()
+                yield event
 
 
 async def _synthesize(tts: TTS, text: str) -> AsyncIterator[bytes]:
-    async with aclosing(tts.synthesize(text)) as audio:  # type: ignore[type-var]
-        async for pcm in audio:
-            yield pcm
+    with stage("tts", tts) as request:
+        async with aclosing(tts.synthesize(text)) as audio:  # type: ignore[type-var]
+            async for pcm in audio:
+                request.first()
+                yield pcm

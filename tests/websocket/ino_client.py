@@ -61,10 +61,12 @@ def public_address(stderr: list[str]) -> str | None:
 
 @asynccontextmanager
 async def start_ino_runner(
-    journal: Path, *extra: str, agent: str = "speaking"
+    journal: Path, *extra: str, agent: str = "speaking", env: dict[str, str] | None = None
 ) -> AsyncIterator[tuple[RunnerProcess, Addresses]]:
     """A ``runner serve`` process of one of ``ino_agents``; its two addresses once ready."""
-    async with start_runner(journal, *extra, agent=agent_ref(agent), env=RUNNER_ENV) as runner:
+    async with start_runner(
+        journal, *extra, agent=agent_ref(agent), env={**RUNNER_ENV, **(env or {})}
+    ) as runner:
         address = public_address(runner.stderr)
         assert address, "no public listener line on stderr:\n" + "\n".join(runner.stderr[-20:])
         yield runner, Addresses(management=runner.address, public=address)

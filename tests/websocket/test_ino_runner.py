@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from ..runner_process import read_stream
+from ..test_logs import refusing_url
 from .ino_agents import GREETING
 from .ino_client import API_KEY, Addresses, connect, open_socket, start_ino_runner
 from .test_ino_conformance import types
@@ -133,40 +134,47 @@ async def test_an_agent_with_no_voice_or_ears(tmp_path: Path) -> None:
 
 async def test_provider_failed_for_speech_and_for_transcription(tmp_path: Path) -> None:
     pcm = await speech()
-    async with start_ino_runner(tmp_path / "j.db", agent="failing_voice") as (_, addresses):
-        token, session_id = await addresses.api().person()
-        async with connect(addresses, token, session_id) as sock:
-            assert sock.ready["audio"]["sample_rate"] == 24000
-            # The voice fails on every chunk: errors with stage speech, and the text turn carries on.
-            frames = await sock.say("When is checkout?")
-            errors = [f for f in frames if f["type"] == "error"]
-            assert errors and all(
-                (e["code"], e["stage"], e["turn"]) == ("provider_failed", "speech", frames[0]["turn"])
-                for e in errors
-            )
-            assert [e["chunk"] for e in errors] == [f["chunk"] for f in frames if f["type"] == "text.chunk"]
-            assert frames[-1]["type"] == "turn.done" and frames[-1]["chunks_spoken"] == 0
-            # A transcribe_only recording fails with its request_id and recording_id.
-            await sock.send("user_audio.start", rate=RATE, recording_id="r1")
-            await sock.send_raw(pcm)
-            await sock.send("user_audio.end", transcribe_only=True)
-            error = (await sock.until_type("error"))[-1]
-            assert (error["code"], error["stage"], error["recording_id"], error["turn"]) == (
-                "provider_failed",
-                "transcription",
-                "r1",
-                None,
-            )
-            assert error["request_id"].startswith("req_")
-            # A spoken turn whose transcription fails: error, then interrupted, naming it.
-            await sock.send("user_audio.start", rate=RATE)
-            await sock.send_raw(pcm)
-            await sock.send("user_audio.end")
-            frames = await sock.turn_end()
-            assert types(frames)[-2:] == ["error", "interrupted"]
-            assert (frames[-2]["stage"], frames[-2]["turn"]) == ("transcription", frames[-1]["turn"])
-            assert frames[-1]["reason"] == "provider_failed" and frames[-1]["message"] == ""
-            sock.checker.finish()
+    # Warm-up needs a key; every request then fails to connect (through a proxy that refuses).
+    with refusing_url() as proxy:
+        env = {"OPENAI_API_KEY": "sk-not-a-key", "HTTPS_PROXY": proxy.removesuffix("/v1")}
+        async with start_ino_runner(tmp_path / "j.db", agent="failing_voice", env=env) as (_, addresses):
+            await _speech_and_transcription_fail(addresses, pcm)
+
+
+async def _speech_and_transcription_fail(addresses: Addresses, pcm: bytes) -> None:
+    token, session_id = await addresses.api().person()
+    async with connect(addresses, token, session_id) as sock:
+        assert sock.ready["audio"]["sample_rate"] == 24000
+        # The voice fails on every chunk: errors with stage speech, and the text turn carries on.
+        frames = await sock.say("When is checkout?")
+        errors = [f for f in frames if f["type"] == "error"]
+        assert errors and all(
+            (e["code"], e["stage"], e["turn"]) == ("provider_failed", "speech", frames[0]["turn"])
+            for e in errors
+        )
+        assert [e["chunk"] for e in errors] == [f["chunk"] for f in frames if f["type"] == "text.chunk"]
+        assert frames[-1]["type"] == "turn.done" and frames[-1]["chunks_spoken"] == 0
+        # A transcribe_only recording fails with its request_id and recording_id.
+        await sock.send("user_audio.start", rate=RATE, recording_id="r1")
+        await sock.send_raw(pcm)
+        await sock.send("user_audio.end", transcribe_only=True)
+        error = (await sock.until_type("error"))[-1]
+        assert (error["code"], error["stage"], error["recording_id"], error["turn"]) == (
+            "provider_failed",
+            "transcription",
+            "r1",
+            None,
+        )
+        assert error["request_id"].startswith("req_")
+        # A spoken turn whose transcription fails: error, then interrupted, naming it.
+        await sock.send("user_audio.start", rate=RATE)
+        await sock.send_raw(pcm)
+        await sock.send("user_audio.end")
+        frames = await sock.turn_end()
+        assert types(frames)[-2:] == ["error", "interrupted"]
+        assert (frames[-2]["stage"], frames[-2]["turn"]) == ("transcription", frames[-1]["turn"])
+        assert frames[-1]["reason"] == "provider_failed" and frames[-1]["message"] == ""
+        sock.checker.finish()
 
 
 async def test_a_socket_is_a_call_of_the_runner(speaking: Addresses) -> None:
