@@ -22,6 +22,7 @@ Results go to ``bench/results/telemetry-<UTC>.json`` and ``telemetry-latest.json
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -157,7 +158,7 @@ async def run(quick: bool) -> dict[str, Any]:
         order = TURN_MODES if round_ % 2 == 0 else tuple(reversed(TURN_MODES))
         medians: dict[str, float] = {}
         for mode in order:
-            times = await _in_task(lambda mode=mode: _turns(agent, mode, turns_per_round, provider))
+            times = await _in_task(functools.partial(_turns, agent, mode, turns_per_round, provider))
             turn_times[mode] += times
             medians[mode] = statistics.median(times)
         for mode in TURN_MODES:

@@ -37,7 +37,8 @@ def summarize(record: Record) -> str:
 
 def _timeline(record: Record) -> str:
     at = datetime.fromtimestamp(record.at / 1000, tz=UTC).isoformat(timespec="milliseconds")
-    return f"#{record.envelope:<6} {at.replace('+00:00', 'Z')}  {record.producer}#{record.seq:<4} {record.cls:<12} {summarize(record)}"
+    who = f"{record.producer}#{record.seq:<4}"
+    return f"#{record.envelope:<6} {at.replace('+00:00', 'Z')}  {who} {record.cls:<12} {summarize(record)}"
 
 
 def replay(
@@ -121,12 +122,12 @@ def _call_lines(record: Record) -> list[tuple[str, str]]:
         lines = []
         for call in body.get("toolCalls") or []:
             arguments = ", ".join(f"{k}={_compact(v, 40)}" for k, v in (call.get("arguments") or {}).items())
-            outcome = (
+            ended = (
                 f"-> {_compact(call.get('result'))} (ok, {call.get('ms')} ms)"
                 if call.get("ok")
                 else f"-> error: {call.get('error')} ({call.get('ms')} ms)"
             )
-            lines.append(("tool", f"{call.get('name')}({arguments}) {outcome}"))
+            lines.append(("tool", f"{call.get('name')}({arguments}) {ended}"))
         text = str(body.get("text", ""))
         if body.get("interrupted"):
             text += f"{' ' if text else ''}[interrupted: {body.get('reason') or 'no reason given'}]"
