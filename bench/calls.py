@@ -322,7 +322,7 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
             gc.collect()
             rss = rss_kb()
 
-            async def probe(attempt: int) -> dict[str, float | int]:
+            async def probe(attempt: int, level: int = level) -> dict[str, float | int]:
                 took: list[float] = []
                 for i in range(profile.probe_calls):
                     if time.perf_counter() >= ramp_deadline:

@@ -295,11 +295,11 @@ async def _run(profile: Profile, data_dir: Path, levels: Sequence[int]) -> dict[
                     more = [f"call-{i}" for i in range(len(live), level)]
                     limit = trio.CapacityLimiter(20)
 
-                    async def start_one(session_id: str) -> None:
+                    async def start_one(session_id: str, limit: trio.CapacityLimiter = limit) -> None:
                         async with limit:
                             await host.start(session_id)
 
-                    async def first_message(session_id: str) -> None:
+                    async def first_message(session_id: str, limit: trio.CapacityLimiter = limit) -> None:
                         async with limit:
                             await host.send(session_id, "ping", {})
 

@@ -5,6 +5,7 @@ Everything here reads the results the scenarios wrote; nothing is measured here.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -461,7 +462,7 @@ def _scaling(runs: Mapping[str, Any]) -> dict[str, Any]:
     steps = []
     if calls:
         levels = calls["held"]["levels"]
-        for a, b in zip(levels, levels[1:]):
+        for a, b in itertools.pairwise(levels):
             added = b["held"] - a["held"]
             steps.append(
                 {
@@ -854,7 +855,7 @@ def write_report(combined: Mapping[str, Any], stamp: str, *, plots: bool = True)
         if run.get("results", {}).get("notes")
     ]
     if notes:
-        parts += ["", "## What each scenario measured", ""] + notes
+        parts += ["", "## What each scenario measured", "", *notes]
     parts.append("")
     text = "\n".join(parts)
     path = RESULTS_DIR / f"report-{stamp}.md"

@@ -133,7 +133,7 @@ def _stepped(awaitable: Any, busy: Busy) -> Generator[Any, Any, Any]:
         busy.add(began, time.perf_counter())
         try:
             send, error = (yield trap), None
-        except BaseException as exc:  # a cancel, delivered into the provider
+        except BaseException as exc:  # noqa: BLE001 - a cancel too, delivered into the provider
             send, error = None, exc
 
 

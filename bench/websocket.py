@@ -348,16 +348,16 @@ def _table(socket: dict[str, Any], local: dict[str, Any]) -> tuple[list[list[str
             ("first_text_delta_ms", "first text.delta"),
             ("first_audio_byte_ms", "first audio byte"),
         ):
-            s, l = socket[level][metric], local[level][metric]
-            r50 = ratio(s.get("p50", 0.0), l.get("p50", 0.0))
+            s, here = socket[level][metric], local[level][metric]
+            r50 = ratio(s.get("p50", 0.0), here.get("p50", 0.0))
             ratios[f"{level}.{metric}.p50"] = r50
             rows.append(
                 [
                     f"{name}, {label}",
                     f"{fmt(s.get('p50'))} / {fmt(s.get('p99'))} ms",
-                    f"{fmt(l.get('p50'))} / {fmt(l.get('p99'))} ms",
+                    f"{fmt(here.get('p50'))} / {fmt(here.get('p99'))} ms",
                     fmt(r50) + "x" if r50 else "-",
-                    f"{s.get('n', 0)} / {l.get('n', 0)}",
+                    f"{s.get('n', 0)} / {here.get('n', 0)}",
                 ]
             )
     return rows, ratios

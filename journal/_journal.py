@@ -418,7 +418,7 @@ class _RecentLines:
         while i < len(chunks) and len(found) < limit:
             first, lines, _ = chunks[i]
             part = lines[start : start + limit - len(found)]
-            found.extend(zip(range(first + start, first + start + len(part)), part))
+            found.extend(zip(range(first + start, first + start + len(part)), part, strict=True))
             start = 0
             i += 1
         return found
@@ -501,10 +501,7 @@ class Journal:
         if self._closed:
             await trio.lowlevel.checkpoint()
             raise JournalClosed("the journal is closed")
-        if stamp:
-            encoded = _encode({k: v for k, v in body.items() if k != "type"})
-        else:
-            encoded = _encode(body)
+        encoded = _encode({k: v for k, v in body.items() if k != "type"}) if stamp else _encode(body)
         if not encoded.startswith("{"):
             raise TypeError("a record's body must be a JSON object")
         pending = _Pending(producer, cls, body, encoded, stamp, closes, trio.lowlevel.current_task())
@@ -557,7 +554,7 @@ class Journal:
                 began = time.perf_counter()
                 try:
                     result: outcome.Outcome[Any] = outcome.Value(self._writer.write(batch))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - any failure of a write goes back to its appenders
                     result = outcome.Error(exc)
                 token.run_sync_soon(self._committed, batch, result, time.perf_counter() - began)
         finally:

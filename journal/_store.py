@@ -321,7 +321,12 @@ def _load_messages(conn: sqlite3.Connection, conversation_id: str) -> list[Store
 
 _FTS_WORD = re.compile(r"[A-Za-z0-9]+")
 _STOP_WORDS = frozenset(
-    ["about", "after", "all", "also", "and", "any", "are", "but", "can", "could", "did", "does", "for", "from", "get", "had", "has", "have", "her", "here", "him", "his", "how", "its", "just", "let", "like", "more", "most", "not", "now", "our", "out", "over", "please", "say", "she", "should", "some", "tell", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those", "too", "very", "want", "was", "were", "what", "when", "where", "which", "who", "whom", "why", "will", "with", "would", "you", "your"]
+    """
+    about after all also and any are but can could did does for from get had has have her here him
+    his how its just let like more most not now our out over please say she should some tell than
+    that the their them then there these they this those too very want was were what when where
+    which who whom why will with would you your
+    """.split()
 )
 
 

@@ -521,17 +521,19 @@ class Runner:
 
     def _check_generation(self, start: StartCallRequest) -> None:
         config = self.config
-        if config.deployment_id is not None and start.deployment_id is not None:
-            if config.deployment_id != start.deployment_id:
-                raise GenerationMismatch(
-                    f"this runner serves deployment {config.deployment_id!r}, not {start.deployment_id!r}"
-                )
-        if config.configuration_version is not None and start.configuration_version is not None:
-            if config.configuration_version != start.configuration_version:
-                raise GenerationMismatch(
-                    f"this runner serves configuration version {config.configuration_version},"
-                    f" not {start.configuration_version}"
-                )
+        if None not in (config.deployment_id, start.deployment_id) and (
+            config.deployment_id != start.deployment_id
+        ):
+            raise GenerationMismatch(
+                f"this runner serves deployment {config.deployment_id!r}, not {start.deployment_id!r}"
+            )
+        if None not in (config.configuration_version, start.configuration_version) and (
+            config.configuration_version != start.configuration_version
+        ):
+            raise GenerationMismatch(
+                f"this runner serves configuration version {config.configuration_version},"
+                f" not {start.configuration_version}"
+            )
 
     def _transport_for(self, url: str) -> Transport:
         for transport in self.transports:
@@ -605,7 +607,7 @@ class Runner:
     async def _run_call(self, call: Call) -> None:
         try:
             await call.run()
-        except Exception:
+        except Exception:  # noqa: BLE001 - one call's failure (logged by the call) never takes the runner down
             pass  # logged by the call; one call's failure never takes the runner down
         finally:
             del self.calls[call.session_id]

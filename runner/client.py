@@ -24,6 +24,7 @@ SDK itself; it is not part of the runner's own (Trio) process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -151,10 +152,8 @@ class AgentClient:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise AgentUnavailableError(f"no agent joined the room within {timeout:g} s")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._joined.wait(), remaining)
-            except TimeoutError:
-                pass
         return identity
 
     def _on_participant(self, participant: rtc.RemoteParticipant) -> None:

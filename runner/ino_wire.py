@@ -628,7 +628,7 @@ def _make_converter() -> cattrs.Converter:
         for index, item in enumerate(value):
             try:
                 items.append(converter.structure(item, inner))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - cattrs raises many kinds; each becomes the item's TypeError
                 raise TypeError(f"item {index} {exc}") from None
         return items
 
@@ -688,7 +688,7 @@ def decode_verb(text: str) -> Verb:
     fields = {k: v for k, v in value.items() if k != "type" and v is not None}
     try:
         return converter.structure(fields, cls)  # type: ignore[no-any-return]
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - cattrs raises many kinds (and groups); _first_problem reads them
         path, problem = _first_problem(exc, [])
         field = ".".join(path) or "(frame)"
         if isinstance(problem, LimitError):
@@ -730,7 +730,7 @@ def decode_body(cls: type[T], value: Any) -> T:
     fields = {k: v for k, v in value.items() if v is not None}
     try:
         return converter.structure(fields, cls)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - cattrs raises many kinds (and groups); _first_problem reads them
         path, problem = _first_problem(exc, [])
         if isinstance(problem, LimitError):
             raise FrameInvalid(

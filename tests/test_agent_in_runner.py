@@ -30,11 +30,17 @@ async def test_the_agent_reads_what_the_call_was_started_with(tmp_path: Path) ->
         lines = await read_stream(
             runner,
             "from=0",
-            until=lambda ls: sum(l["body"].get("role") == "assistant" for l in ls) >= 2,
+            until=lambda ls: sum(line["body"].get("role") == "assistant" for line in ls) >= 2,
             timeout=20,
         )
-    greetings = {l["producer"]: l["body"]["text"] for l in lines if l["body"].get("role") == "assistant"}
-    started = {l["producer"]: l["body"]["payload"] for l in lines if l["body"].get("name") == "curb.started"}
+    greetings = {
+        line["producer"]: line["body"]["text"] for line in lines if line["body"].get("role") == "assistant"
+    }
+    started = {
+        line["producer"]: line["body"]["payload"]
+        for line in lines
+        if line["body"].get("name") == "curb.started"
+    }
     # Managed: the variant is applied as sent, and the greeting reads client.event.
     assert greetings["sent"] == "Good day, and welcome to Hotel Lumen. How may I help with the gala?"
     assert started["sent"]["experiments"] == {"greeting": "formal"}

@@ -840,16 +840,10 @@ async def test_smoke_self_host(tmp_path: Path) -> None:
                 502,
                 "start_failed",
             )
-            answer(
-                await client.post("/v1/sessions", json=call_start("smoke-2")), 202, "StartCallResponse"
-            )
-            refused(
-                await client.post("/v1/sessions", json=call_start("smoke-3")), 409, "runner_at_capacity"
-            )
+            answer(await client.post("/v1/sessions", json=call_start("smoke-2")), 202, "StartCallResponse")
+            refused(await client.post("/v1/sessions", json=call_start("smoke-3")), 409, "runner_at_capacity")
 
-            assert (
-                answer(await client.get("/v1/sessions/smoke-1"), 200, "LiveCall")["state"] == "connected"
-            )
+            assert answer(await client.get("/v1/sessions/smoke-1"), 200, "LiveCall")["state"] == "connected"
             refused(await client.get("/v1/sessions/smoke-3"), 404, "session_not_found")
             busy = await status_of(client)
             assert busy["activeSessions"] == 2

@@ -89,8 +89,8 @@ async def test_heartbeat_and_following_from_now(tmp_path: Path) -> None:
                     "/v1/sessions", json={"sessionId": "c", "realtimeUrl": "loopback:", "realtimeToken": "t"}
                 )
                 assert started.status_code == 202
-                lines = await events.lines(until=lambda ls: any("envelope" in l for l in ls))
-        record = next(l for l in lines if "envelope" in l)
+                lines = await events.lines(until=lambda ls: any("envelope" in line for line in ls))
+        record = next(line for line in lines if "envelope" in line)
         assert record["producer"] == "c" and record["envelope"] == 2
 
 

@@ -230,9 +230,11 @@ async def test_a_malformed_message_is_invalid_request(tmp_path: Path) -> None:
 @pytest.mark.slow
 async def test_a_direct_join_runner_takes_no_host_messages_but_its_records_leave(tmp_path: Path) -> None:
     join = ("--url", "loopback://j", "--token", "t", "--session-id", "j1")
-    async with start_runner(
-        tmp_path / "j.db", *join, command="join", agent="tests.agents:greets_host"
-    ) as runner, runner.client() as client, follow(runner) as follower:
+    async with (
+        start_runner(tmp_path / "j.db", *join, command="join", agent="tests.agents:greets_host") as runner,
+        runner.client() as client,
+        follow(runner) as follower,
+    ):
         joined = await wait_host_record(follower, "j1", "agent.joined")
         assert joined["payload"] == {"sessionId": "j1"} and joined["expectsReply"] is False
         refused(await send(client, "j1", message("m-1", "note")), 501, "runner_takes_no_calls")
@@ -697,7 +699,7 @@ async def test_a_transfer_accepted_then_the_target_joins_and_leaves(tmp_path: Pa
     heard = [t for t in turns(records, "c1", "user") if t["spoken"]]
     # Only the speech after the target left was heard.
     assert len(heard) == 1 and heard[0]["seq"] > resumed_at and heard[0]["text"]
-    assert [t["text"] for t in turns(records, "c1", "user")][0] == "Please transfer me to sales."
+    assert next(t["text"] for t in turns(records, "c1", "user")) == "Please transfer me to sales."
 
 
 async def test_no_turn_is_taken_while_the_transfer_target_is_in_the_call(tmp_path: Path) -> None:

@@ -104,7 +104,7 @@ async def test_direct_join_takes_no_calls_but_serves_its_one(tmp_path: Path) -> 
             await read_stream(
                 runner,
                 "from=0",
-                until=lambda ls: "curb.started" in [l["body"].get("name") for l in of(ls, "j1")],
+                until=lambda ls: "curb.started" in [line["body"].get("name") for line in of(ls, "j1")],
                 timeout=STREAM_TIMEOUT_S,
             )
         )
@@ -204,7 +204,7 @@ async def test_dev_takes_no_calls_and_runs_its_own(tmp_path: Path) -> None:
         async with open_events(runner, "from=0") as events:
             with trio.fail_after(STREAM_TIMEOUT_S):
                 lines = await events.lines(
-                    until=lambda ls: any(l.get("body", {}).get("name") == "curb.started" for l in ls)
+                    until=lambda ls: any(line.get("body", {}).get("name") == "curb.started" for line in ls)
                 )
             runner.signal(signal.SIGTERM)
             with trio.fail_after(STREAM_TIMEOUT_S):

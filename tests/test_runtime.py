@@ -34,11 +34,11 @@ async def test_restart_then_resume_from_the_last_envelope(tmp_path: Path) -> Non
     last = seen[-1]["envelope"]
     async with start_runner(journal) as runner:
         resumed = await read_stream(
-            runner, f"from={last}", until=lambda ls: any(l["body"].get("event") == "ready" for l in ls)
+            runner, f"from={last}", until=lambda ls: any(line["body"].get("event") == "ready" for line in ls)
         )
     envelopes = [line["envelope"] for line in resumed]
     assert envelopes == list(range(last + 1, last + 1 + len(envelopes)))
-    kinds = [(l["producer"], l["body"].get("event") or l["body"].get("name")) for l in resumed]
+    kinds = [(line["producer"], line["body"].get("event") or line["body"].get("name")) for line in resumed]
     # The calls ended by the drain, the runner's own end, then the new runner's start.
     assert (
         ("runner", "draining") in kinds and ("runner", "ended") in kinds and kinds[-1] == ("runner", "ready")
@@ -59,8 +59,8 @@ async def test_kill_during_a_burst_loses_nothing_a_reader_saw(tmp_path: Path) ->
                 for i in range(100):
                     try:
                         await client.post("/v1/sessions", json=_start(f"w{worker}-{i}"))
-                    except Exception:
-                        return  # the runner was killed under us
+                    except Exception:  # noqa: BLE001 - the runner was killed under us: any failure
+                        return
 
             async with trio.open_nursery() as nursery:
                 for worker in range(8):
@@ -73,7 +73,7 @@ async def test_kill_during_a_burst_loses_nothing_a_reader_saw(tmp_path: Path) ->
     assert len(seen) >= 150
     async with start_runner(journal, "--max-sessions", "1") as runner:
         after = await read_stream(
-            runner, "from=0", until=lambda ls: any(l["body"].get("event") == "ready" for l in ls[1:])
+            runner, "from=0", until=lambda ls: any(line["body"].get("event") == "ready" for line in ls[1:])
         )
     stored = {line["envelope"]: line for line in after}
     for line in seen:
@@ -81,13 +81,15 @@ async def test_kill_during_a_burst_loses_nothing_a_reader_saw(tmp_path: Path) ->
     envelopes = [line["envelope"] for line in after]
     assert envelopes == list(range(1, len(envelopes) + 1))
     # The restart closed every call the kill left open, so no conversation stays truncated.
-    started = {l["producer"] for l in after if l["body"].get("name") == "curb.started"}
+    started = {line["producer"] for line in after if line["body"].get("name") == "curb.started"}
     ended = {
-        l["producer"]: l["body"]["payload"]["reason"] for l in after if l["body"].get("name") == "curb.ended"
+        line["producer"]: line["body"]["payload"]["reason"]
+        for line in after
+        if line["body"].get("name") == "curb.ended"
     }
     assert started and set(ended) == started
     assert set(ended.values()) == {"runner_crashed"}
-    recovered = [l["body"] for l in after if l["body"].get("event") == "recovered"]
+    recovered = [line["body"] for line in after if line["body"].get("event") == "recovered"]
     assert len(recovered) == 1 and set(recovered[0]["closedSessions"]) == started
 
 
@@ -99,7 +101,7 @@ async def test_sigterm_drains_writes_ended_before_the_listener_closes(tmp_path: 
             with trio.fail_after(10):
                 rest = await events.lines()  # to the end of the stream
         assert await runner.wait_exit() == 0
-    assert [(l["body"]["event"], l["body"].get("reason")) for l in rest] == [
+    assert [(line["body"]["event"], line["body"].get("reason")) for line in rest] == [
         ("draining", "SIGTERM"),
         ("ended", "drained: SIGTERM"),
     ]
@@ -138,7 +140,9 @@ async def test_a_reader_that_leaves_is_cleaned_up_within_two_heartbeats(tmp_path
         async with open_events(runner, "from=0") as events:
             await events.lines(1)
         with trio.fail_after(0.6 + 1.0):  # two heartbeats, plus the margin of a loaded machine
-            await runner.wait_for(lambda: any("events stream from 0 closed" in l for l in runner.stderr))
+            await runner.wait_for(
+                lambda: any("events stream from 0 closed" in line for line in runner.stderr)
+            )
 
 
 async def test_a_stalled_reader_never_slows_appends_and_falls_out_of_the_window(tmp_path: Path) -> None:
@@ -189,4 +193,4 @@ async def test_replay_reads_the_journal_file(tmp_path: Path) -> None:
         assert lines[0] == "-- envelopes 1..2 were pruned (outside the retention window) --"
         assert lines[1].startswith("#3 ") and "c1#1" in lines[1] and "curb.started" in lines[1]
         only_c4 = await trio.to_thread.run_sync(replay, "--from", "0", "--producer", "c4", "--json")
-        assert [json.loads(l)["producer"] for l in only_c4.stdout.splitlines()] == ["c4"]
+        assert [json.loads(line)["producer"] for line in only_c4.stdout.splitlines()] == ["c4"]

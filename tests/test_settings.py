@@ -45,9 +45,12 @@ SECRET = "sk-test-secret"
 @asynccontextmanager
 async def tunable(tmp_path: Path) -> AsyncIterator[tuple[RunnerProcess, httpx.AsyncClient]]:
     """``runner serve tests.agents:tunable`` with an OpenAI key in its environment, and a host client."""
-    async with start_runner(
-        tmp_path / "j.db", agent="tests.agents:tunable", env={"OPENAI_API_KEY": SECRET}
-    ) as runner, runner.client() as client:
+    async with (
+        start_runner(
+            tmp_path / "j.db", agent="tests.agents:tunable", env={"OPENAI_API_KEY": SECRET}
+        ) as runner,
+        runner.client() as client,
+    ):
         yield runner, client
 
 

@@ -136,7 +136,7 @@ def _unresolved(fn: Callable[..., Any]) -> str:
         if isinstance(annotation, str):
             try:
                 eval(annotation, getattr(fn, "__globals__", {}))
-            except Exception:
+            except Exception:  # noqa: BLE001 - an author's annotation may fail to evaluate in any way
                 return f"parameter {name!r}: "
     return ""
 

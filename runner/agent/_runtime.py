@@ -445,14 +445,14 @@ class AgentRuntime:
         # A provider this runner cannot build fails the turn (or its speech), never the call.
         try:
             llm = self.model if self.model is not None else self._providers.llm(llm_spec)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to build a model fails the turn, never the call
             log.error("call %s: cannot build its model: %s", self.call.session_id, exc)
             llm = _Unbuildable(str(exc))
         tts = None
         if speech is not False:
             try:
                 tts = self._providers.tts(tts_spec)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure to build a voice leaves the turn unspoken, never fails the call
                 log.error("call %s: cannot build its voice: %s", self.call.session_id, exc)
         return TurnPlan(
             llm=llm,
@@ -505,7 +505,7 @@ class AgentRuntime:
             return ToolOutcome(ok=False, error=str(refused))
         try:
             result = await call_maybe_async(tool.fn, self.ctx, **arguments)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - an author's tool may raise anything; the model reads it as a tool error
             log.warning("tool %s failed: %s", call.name, exc)
             return ToolOutcome(ok=False, error=f"{type(exc).__name__}: {exc}")
         return ToolOutcome(ok=True, result=result)
@@ -725,7 +725,7 @@ class AgentRuntime:
         """Converse over ``session`` until cancelled."""
         self.session = session
         session.set_request_handler(self.handle_client_request)
-        _, tts, stt = self.current()
+        _, _, stt = self.current()
         self._listener = Listener(self._providers.stt(stt)) if stt is not None else None
         try:
             async with trio.open_nursery() as nursery:
@@ -764,7 +764,7 @@ class AgentRuntime:
                         heard.text, heard_seconds=heard.audio_seconds, span=span, speech_ended_at=ended_at
                     )
                     queued = True
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any recognizer failure loses that utterance, not the call
                 log.warning("call %s: transcription failed: %s", self.call.session_id, exc)
             finally:
                 exit_span(entered)
@@ -874,7 +874,7 @@ class AgentRuntime:
         for handler, value in zip(handlers, decoded, strict=True):
             try:
                 reply = await call_maybe_async(handler.fn, self.ctx, value)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - an author's handler may raise anything; the sender is told it failed
                 log.warning("handler for %r from %s failed: %s", key, sender, exc)
                 failures.append(f"{type(exc).__name__}: {exc}")
         reply = encode(reply) if reply is not None else None
@@ -1021,7 +1021,7 @@ class AgentRuntime:
         async for send in self._outbox:
             try:
                 await send()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a message that cannot be sent is logged; the outbox goes on
                 log.warning("a message could not be sent: %s", exc)
             finally:
                 self._unsent -= 1

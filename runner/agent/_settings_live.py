@@ -116,9 +116,8 @@ def _voice_issue(tts: TTS | None, voice: Any) -> str | None:
         if not isinstance(voice, str) or not EspeakTTS.supports_voice(voice):
             return f"espeak has no voice {voice!r}"
         return None
-    if tts.provider == "openai":
-        if voice not in _OPENAI_VOICES:
-            return f"OpenAI speech has no voice {voice!r}"
+    if tts.provider == "openai" and voice not in _OPENAI_VOICES:
+        return f"OpenAI speech has no voice {voice!r}"
     return None
 
 
@@ -156,7 +155,7 @@ def check_update(
         if path not in adjustable:
             raise NotAdjustable(path, f"{path} is not adjustable by the {origin}")
     issues: list[Issue] = []
-    llm, tts, stt = current
+    _, tts, stt = current
     changes: dict[str, Any] = {}
     for section, value in raw.items():
         if section not in _SHAPE:

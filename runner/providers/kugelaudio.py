@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import ssl
 import urllib.parse
@@ -463,10 +464,8 @@ class _WebSocket:
                 await self._write(event.response())
             elif isinstance(event, ws_events.CloseConnection):
                 self._closed = True
-                try:
+                with contextlib.suppress(_Closed, ProviderError):
                     await self._write(event.response())
-                except (_Closed, ProviderError):
-                    pass
                 raise _close_error(event.code, event.reason or "", self._secret)
         raise ProviderError("provider_failed", "KugelAudio sent too many control frames")
 
@@ -476,10 +475,10 @@ class _WebSocket:
             return
         if not self._closed and self._ws.state is wsproto.ConnectionState.OPEN:
             self._closed = True
-            try:
+            with contextlib.suppress(
+                _Closed, ProviderError, trio.BrokenResourceError, trio.ClosedResourceError
+            ):
                 await self._write(ws_events.CloseConnection(code=1000))
-            except (_Closed, ProviderError, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
         await self.abort()
 
     async def abort(self) -> None:

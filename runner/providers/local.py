@@ -20,7 +20,13 @@ from ._types import ChatMessage, LLMEvent, TextDelta, ThoughtDelta, ToolCall, To
 FIXED_GREETING = "Hello! How can I help you today?"
 
 _STOP_WORDS = frozenset(
-    ["a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "being", "but", "by", "can", "could", "did", "do", "does", "doing", "for", "from", "get", "got", "had", "has", "have", "having", "he", "her", "here", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "just", "let", "like", "me", "mine", "more", "most", "my", "no", "not", "now", "of", "on", "or", "our", "out", "over", "please", "say", "set", "she", "should", "so", "some", "tell", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those", "to", "too", "up", "us", "very", "want", "was", "we", "were", "what", "when", "where", "which", "who", "whom", "why", "will", "with", "would", "yes", "you", "your", "yours"]
+    """
+    a about after all also am an and any are as at be been being but by can could did do does doing
+    for from get got had has have having he her here him his how i if in into is it its just let
+    like me mine more most my no not now of on or our out over please say set she should so some
+    tell than that the their them then there these they this those to too up us very want was we
+    were what when where which who whom why will with would yes you your yours
+    """.split()
 )
 _NEGATIONS = frozenset({"no", "not", "never", "don't", "dont", "doesn't", "isn't", "without"})
 _GREETING = re.compile(

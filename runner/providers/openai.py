@@ -167,7 +167,7 @@ async def _body(response: httpx.Response, chunks: AsyncIterator[_T]) -> AsyncIte
                 try:
                     for _ in range(_MAX_STREAM_EVENTS):
                         await chunks.__anext__()
-                except Exception:
+                except Exception:  # noqa: BLE001 - draining a failed stream: whatever it raises now is moot
                     pass
 
 

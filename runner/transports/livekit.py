@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import math
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -229,10 +230,9 @@ class _Request:
             if not self.answer.done():
                 self.answer.set_result((reply, code, data))
 
-        try:
+        # The loop may be gone: the caller learns it from LiveKit.
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(settle)
-        except RuntimeError:
-            pass  # the loop is gone: the caller learns it from LiveKit
 
     def cancel(self) -> None:
         """The caller stopped waiting (Trio side)."""
@@ -377,10 +377,8 @@ class LiveKitSession:
             self._present.pop(event.identity, None)
         elif isinstance(event, Disconnected):
             self._disconnected = True
-        try:
+        with suppress(trio.ClosedResourceError, trio.BrokenResourceError):
             self._events_send.send_nowait(event)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
 
     def _t_start_request(self, request: _Request) -> None:
         if self._closing:
@@ -441,7 +439,7 @@ class LiveKitSession:
             await self._requests_idle.wait()
         try:
             await self._thread.run(self._a_leave, timeout_s=LEAVE_TIMEOUT_S, what="leave the room")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - leaving a room that is already gone may fail in any way
             log.warning("call %s: leaving the room: %s", self._target.session_id, exc)
         self._events_send.close()
 
@@ -509,10 +507,8 @@ class LiveKitSession:
             self._a_reconnect_timer.cancel()
         if self._source is not None and room is not None and room.isconnected():
             # What is queued is at most AUDIO_OUT_QUEUE_MS: let the last words out.
-            try:
+            with suppress(TimeoutError):
                 await asyncio.wait_for(self._a_drain_speech(), AUDIO_OUT_QUEUE_MS / 1000 + 0.3)
-            except TimeoutError:
-                pass
         if self._a_flush_timer is not None:
             self._a_flush_timer.cancel()
         await self._a_disconnect()

@@ -172,10 +172,7 @@ class Resampler:
             k = np.arange(first, min(stop, first + _BLOCK_OUTPUTS), dtype=np.int64)
             whole = (k * self._num) // self._den
             phase = (k * self._num) % self._den
-            if self._table is not None:
-                weights = self._table[phase]
-            else:
-                weights = self._weights(phase / self._den)
+            weights = self._table[phase] if self._table is not None else self._weights(phase / self._den)
             idx = whole[:, None] + self._taps[None, :]
             parts.append(np.sum(self._buf[idx - self._base] * weights, axis=1))
         self._n_out = stop

@@ -8,7 +8,7 @@ import re
 _END = re.compile(
     r"(?<!\b[A-Za-z]\.[A-Za-z])(?<!\be\.g)(?<!\bi\.e)(?<!\bMr)(?<!\bMrs)(?<!\bDr)(?<!\bSt)[.!?…]+[\"')\]]*\s"
 )
-_SOFT = re.compile(r"[,;:—–]\s")
+_SOFT = re.compile(r"[,;:\u2014\u2013]\s")  # em and en dashes
 
 
 class SentenceChunker:

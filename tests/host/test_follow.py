@@ -180,7 +180,7 @@ async def test_a_silent_stream_is_reconnected_and_pings_keep_it_alive(tmp_path: 
             nursery.start_soon(collector.pump, events)
             await collector.wait_for(lambda items: len(items) == 1)  # the ready record
             with trio.fail_after(10):
-                while events.stats.silences < 2:  # noqa: ASYNC110 (a counter, no event to wait on)
+                while events.stats.silences < 2:
                     await trio.sleep(0.1)
             await client.start_call(start("c1"))
             await client.stop_call("c1")

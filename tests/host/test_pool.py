@@ -169,7 +169,7 @@ async def test_the_pool_watches_drains_and_ends_and_finds_calls_after_a_host_res
     ):
         async with RunnerPool([a.base_url, b.base_url], token=TOKEN, watch_interval_s=0.2) as pool:
             with trio.fail_after(10):
-                while any(s.free != 2 for s in pool.runners):  # noqa: ASYNC110 (state, no event)
+                while any(s.free != 2 for s in pool.runners):
                     await trio.sleep(0.05)
             first = await pool.start_call(start("a1"))
             assert first.runner == a.base_url
@@ -178,7 +178,7 @@ async def test_the_pool_watches_drains_and_ends_and_finds_calls_after_a_host_res
             async with RunnerClient(a.base_url, token=TOKEN) as client:
                 await client.drain()
             with trio.fail_after(10):
-                while not pool.runners[0].draining:  # noqa: ASYNC110
+                while not pool.runners[0].draining:
                     await trio.sleep(0.05)
             assert (await pool.start_call(start("b2"))).runner == b.base_url
             # a ends once its last call ended: the pool sees its ended record.
@@ -193,7 +193,7 @@ async def test_the_pool_watches_drains_and_ends_and_finds_calls_after_a_host_res
                 )
             assert ended(items, "a1")
             with trio.fail_after(10):
-                while pool.runners[0].up is not False:  # noqa: ASYNC110
+                while pool.runners[0].up is not False:
                     await trio.sleep(0.05)
 
         # A restarted host has no map: the pool finds the call in the runners' statuses.

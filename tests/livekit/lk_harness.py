@@ -152,7 +152,7 @@ class Netns:
                 finally:
                     os.close(fd)
                 box["sock"] = socket.socket(family, type)
-            except BaseException as exc:  # handed to the caller
+            except BaseException as exc:  # noqa: BLE001 - whatever it is, it is handed to the caller
                 box["exc"] = exc
 
         thread = threading.Thread(target=work, name=f"netns-{self.name}", daemon=True)

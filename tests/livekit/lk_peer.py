@@ -147,7 +147,7 @@ class PeerProgram:
             emit(event="result", id=req_id, ok=True, **result)
         except rtc.RpcError as exc:
             emit(event="result", id=req_id, ok=False, error=exc.message, code=int(exc.code), data=exc.data)
-        except Exception as exc:  # reported to the test, which fails on it
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
             emit(event="result", id=req_id, ok=False, error=f"{type(exc).__name__}: {exc}")
 
     async def op_quit(self, req: dict[str, Any]) -> None:
@@ -215,7 +215,7 @@ class PeerProgram:
             info = reader.info
             try:
                 text = await reader.read_all()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
                 emit(
                     event="text_error",
                     topic=info.topic,
@@ -397,10 +397,8 @@ class PeerProgram:
                     result["path"] = req["path"]
                 return result
             self.recorded.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.recorded.wait(), 0.5)
-            except TimeoutError:
-                pass
         raise TimeoutError(f"no speech followed by {quiet_s:g} s of quiet was heard")
 
     async def op_wait_quiet(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -421,10 +419,8 @@ class PeerProgram:
                 # The track is gone, or sends nothing: no sound is quiet too.
                 return {"last_loud_at": last_loud, "quiet_at": None}
             self.recorded.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.recorded.wait(), 0.5)
-            except TimeoutError:
-                pass
         raise TimeoutError(f"the recording was never quiet for {quiet_s:g} s")
 
     # --- the server API --------------------------------------------------------
@@ -545,7 +541,7 @@ async def main() -> int:
     program.watch()
     try:
         await asyncio.wait_for(room.connect(args.url, token), args.connect_timeout)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
         emit(event="connect_failed", error=f"{type(exc).__name__}: {exc}")
         return 2
     local = room.local_participant

@@ -22,7 +22,7 @@ async def test_server_answers_http_inside_the_namespace(livekit: LiveKitEnv) -> 
                 if not chunk:
                     break
                 data += chunk
-    assert data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200"), data[:200]
+    assert data.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200")), data[:200]
 
 
 async def test_rpc_and_text_stream_between_two_participants(livekit: LiveKitEnv) -> None:

@@ -1,3 +1,4 @@
+import itertools
 import os
 import sys
 
@@ -188,7 +189,7 @@ async def test_pocketsphinx_streams_partials_then_a_final_transcript() -> None:
             await stream.feed(bytes(640))
 
     assert partials, "no partial hypothesis while audio arrived"
-    assert all(a != b for a, b in zip(partials, partials[1:]))  # only when changed
+    assert all(a != b for a, b in itertools.pairwise(partials))  # only when changed
     assert isinstance(final, Transcript)
     assert len(overlap(final.text)) >= 4, final.text
     assert final.audio_seconds == pytest.approx(pcm_seconds(len(pcm), 22_050), abs=0.02)

@@ -88,7 +88,7 @@ def test_frames_cuts_fixed_lengths_and_drops_the_partial_tail() -> None:
     pcm = bytes(2 * 16_000 // 1000 * 65)  # 65 ms at 16 kHz
     cut = list(frames(pcm, 16_000, 20))
     assert [len(f) for f in cut] == [640, 640, 640]
-    assert list(frames(pcm, 22_050, 30))[0] == bytes(2 * 661)
+    assert next(iter(frames(pcm, 22_050, 30))) == bytes(2 * 661)
 
 
 def test_write_wav_is_readable_with_the_rate_and_samples(tmp_path) -> None:

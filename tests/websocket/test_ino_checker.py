@@ -136,11 +136,9 @@ def feed(steps: list[Step], *, seqs: dict[int, Any] | None = None) -> FrameCheck
 
 def _no_thoughts(steps: list[Step]) -> FrameChecker:
     checker = FrameChecker(thoughts_allowed=False)
-    seq = 0
-    for step in steps:
+    for seq, step in enumerate(steps, start=1):
         assert not isinstance(step, bytes)
         kind, fields = step
-        seq += 1
         checker.feed(json.dumps({"type": kind, "seq": seq, **fields}))
     return checker
 

@@ -195,7 +195,7 @@ async def test_4008_for_an_unknown_a_deleted_or_another_persons_conversation(spe
         return await _closed_with(speaking, sid, json.dumps({"type": "auth", "key": key, "session_id": sid}))
 
     assert await auth_close(token, "0193b1f4-0000-7000-8000-000000000000") == (4008, "unknown conversation")
-    other_token, other_session = await api.person("eu-someone-else")
+    _, other_session = await api.person("eu-someone-else")
     assert await auth_close(token, other_session) == (4008, "the conversation belongs to another person")
     # Deleted while a socket is on it: that socket closes 4008, and so does the next one.
     async with connect(speaking, token, session_id) as sock:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from runner import ino_wire as w
-from runner.providers import ChatMessage
 from runner.platform import mood_of, summarise
+from runner.providers import ChatMessage
 
 from .ino_checker import schema_errors
 

@@ -206,11 +206,11 @@ async def test_a_socket_is_a_call_of_the_runner(speaking: Addresses) -> None:
         SimpleNamespace(address=speaking.management),
         "from=0",  # type: ignore[arg-type]
         until=lambda ls: any(
-            l["producer"] == session_id and l["body"].get("name") == "curb.ended" for l in ls
+            line["producer"] == session_id and line["body"].get("name") == "curb.ended" for line in ls
         ),
         timeout=15,
     )
-    mine = [l["body"] for l in lines if l["producer"] == session_id]
+    mine = [line["body"] for line in lines if line["producer"] == session_id]
     assert mine[0]["name"] == "curb.started" and mine[0]["payload"]["transport"] == "ino"
     said = [(b["role"], b["text"]) for b in mine if b.get("type") == "turn"]
     assert said[:3] == [

@@ -93,7 +93,7 @@ def _turn_audio(sock: InoSocket, turn: str) -> bytes:
     sizes = [f["bytes"] for f in ends]
     audio = b"".join(sock.checker.binary)
     mine = [f["bytes"] for f in ends if f["turn"] == turn]
-    before = sum(sizes[: [i for i, f in enumerate(ends) if f["turn"] == turn][0]])
+    before = sum(sizes[: next(i for i, f in enumerate(ends) if f["turn"] == turn)])
     return audio[before : before + sum(mine)]
 
 
