@@ -20,7 +20,6 @@ import trio
 
 from ..calls import CallContext, CallRecord, keep_json
 from ..errors import HandlerFailed, InvalidPayload, InvalidRequest, NoHandler, NotAdjustable, RunnerError
-from ..telemetry import current_metrics, current_span, enter_span, exit_span, stage, start_span
 from ..providers import ChatMessage, ProviderError, ToolCall, ToolSpec, make_llm, make_stt, make_tts
 from ..sessions import (
     AudioFrame,
@@ -31,6 +30,7 @@ from ..sessions import (
     TransportSession,
     UserText,
 )
+from ..telemetry import current_metrics, current_span, enter_span, exit_span, stage, start_span
 from ..voice.engine import (
     AudioData,
     AudioStart,

@@ -12,6 +12,7 @@ from quart_trio import QuartTrio
 from journal import Journal
 
 from ..errors import InvalidRequest, NoJournal, NotFound, RunnerTakesNoCalls, Unauthorized, UnknownVersion
+from ..telemetry import Metrics
 from ..wire import (
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
@@ -22,10 +23,9 @@ from ..wire import (
     StartCallRequest,
     StartCallResponse,
 )
-from ..telemetry import Metrics
-from ._metrics import metrics_response
 from ._common import install_error_handlers, json_response, read_body, read_json
 from ._events import check_cursor, parse_cursor, stream_lines
+from ._metrics import metrics_response
 
 if TYPE_CHECKING:
     from ..calls import Runner
