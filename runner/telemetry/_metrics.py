@@ -106,6 +106,8 @@ class Metrics:
             "curb_provider_errors", "Provider errors, by provider and code.", ["provider", "code"], registry=r
         )
         self._reasons: set[str] = set()
+        # Labelled children, looked up once: ``labels()`` costs more than the observation.
+        self._children: dict[tuple[str, str], Any] = {}
         self._state = _StateCollector()
         r.register(self._state)
 
@@ -150,8 +152,22 @@ class Metrics:
                 self._reasons.add(label)
         self.calls_ended.labels(label).inc()
 
+    def _child(self, family: Any, name: str, value: str) -> Any:
+        child = self._children.get((name, value))
+        if child is None:
+            child = self._children[(name, value)] = family.labels(value)
+        return child
+
+    def first_output(self, kind: str, provider: str, seconds: float) -> None:
+        """A provider request's first output: ``llm`` (text) or ``tts`` (audio)."""
+        if kind == "llm":
+            self._child(self.model_first_token_seconds, kind, provider).observe(seconds)
+        elif kind == "tts":
+            self._child(self.tts_first_byte_seconds, kind, provider).observe(seconds)
+
     def turn_finished(self, *, error: bool, interrupted: bool, first_audio_s: float | None) -> None:
-        self.turns.labels("failed" if error else "interrupted" if interrupted else "completed").inc()
+        outcome = "failed" if error else "interrupted" if interrupted else "completed"
+        self._child(self.turns, "turn", outcome).inc()
         if first_audio_s is not None:
             self.turn_first_audio_seconds.observe(first_audio_s)
 

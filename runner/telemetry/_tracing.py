@@ -13,6 +13,7 @@ and, with tracing on, is the request's span.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import os
 import time
@@ -89,42 +90,53 @@ def configure_tracing_from_env(environ: Mapping[str, str] = os.environ) -> str |
     return exporter_name
 
 
+# The trace context spans start under: the call's, then within a turn the turn's. Our own
+# context variable, set once per call and per turn, rather than OpenTelemetry's attach (a
+# copy of its context each time): spans cost what the SDK makes them cost, and no more.
+_parent: contextvars.ContextVar[Any] = contextvars.ContextVar("curb_trace_parent", default=None)
+
+
 def start_span(
     name: str, attributes: Mapping[str, Any], *, parent: Span | None = None, start_ns: int | None = None
 ) -> Span | None:
-    """A span under ``parent`` (else the current one); ``None`` with tracing off. End it yourself."""
+    """A span under ``parent`` (else the current call's or turn's); ``None`` with tracing off.
+
+    End it yourself.
+    """
     tracer = _tracer
     if tracer is None:
         return None
-    from opentelemetry import trace
+    if parent is not None:
+        from opentelemetry import trace
 
-    context = trace.set_span_in_context(parent) if parent is not None else None
-    return tracer.start_span(name, context=context, attributes=dict(attributes), start_time=start_ns)
+        context = trace.set_span_in_context(parent)
+    else:
+        context = _parent.get()
+    return tracer.start_span(name, context=context, attributes=attributes, start_time=start_ns)
 
 
 def enter_span(span: Span | None) -> object:
-    """Make ``span`` current in this task (and the tasks it starts); undo with :func:`exit_span`."""
+    """Start this task's (and its new tasks') spans under ``span``; undo with :func:`exit_span`."""
     if span is None:
         return None
-    from opentelemetry import context, trace
+    from opentelemetry import trace
 
-    return context.attach(trace.set_span_in_context(span))
+    return _parent.set(trace.set_span_in_context(span))
 
 
 def exit_span(token: object) -> None:
     if token is not None:
-        from opentelemetry import context
-
-        context.detach(token)  # type: ignore[arg-type]
+        _parent.reset(token)  # type: ignore[arg-type]
 
 
 def current_span() -> Span | None:
-    """The span current in this task (``None`` with tracing off)."""
-    if _tracer is None:
+    """The span this task's spans start under (``None`` with tracing off, or outside a call)."""
+    context = _parent.get()
+    if _tracer is None or context is None:
         return None
     from opentelemetry import trace
 
-    return trace.get_current_span()
+    return trace.get_current_span(context)
 
 
 class Stage:
@@ -157,12 +169,9 @@ class Stage:
         self._first = True
         seconds = time.perf_counter() - self._began
         if self._metrics is not None:
-            if self._kind == "llm":
-                self._metrics.model_first_token_seconds.labels(self._provider).observe(seconds)
-            elif self._kind == "tts":
-                self._metrics.tts_first_byte_seconds.labels(self._provider).observe(seconds)
+            self._metrics.first_output(self._kind, self._provider, seconds)
         if self._span is not None:
-            self._span.add_event("first output", {"curb.seconds": seconds})
+            self._span.set_attribute("curb.first_output_ms", round(seconds * 1000, 3))
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
