@@ -29,11 +29,13 @@ from json.encoder import (  # type: ignore[attr-defined]
     encode_basestring_ascii,
 )
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import outcome
 import trio
+
+T = TypeVar("T")
 
 DEFAULT_RETENTION_RECORDS = 4096
 _RECENT_LINES = 4096
@@ -222,11 +224,11 @@ class ReaderPool:
         self._free = list(connections)
         self._slots = trio.Semaphore(len(connections))
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(conn, *args)`` on a free connection, in a worker thread."""
         async with self._slots:
 
-            def run() -> Any:
+            def run() -> T:
                 conn = self._free.pop()
                 try:
                     return fn(conn, *args)
@@ -433,7 +435,10 @@ class _HandOver(trio.abc.Instrument):
     """
 
     def __init__(self, hand_over: Callable[[], None]) -> None:
-        self.before_io_wait = lambda timeout: hand_over()
+        self._hand_over = hand_over
+
+    def before_io_wait(self, timeout: float) -> None:
+        self._hand_over()
 
 
 class Journal:

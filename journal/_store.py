@@ -15,10 +15,10 @@ import hmac
 import json
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -184,7 +184,10 @@ _TOKEN_COLUMNS = (
 _CONVERSATION_COLUMNS = "conversation_id, agent_id, end_user_id, created_at, deleted_at"
 
 
-def _in_transaction(conn: sqlite3.Connection, fn: Any, *args: Any) -> Any:
+T = TypeVar("T")
+
+
+def _in_transaction(conn: sqlite3.Connection, fn: Callable[..., T], *args: Any) -> T:
     conn.execute("BEGIN IMMEDIATE")
     try:
         result = fn(conn, *args)
@@ -305,7 +308,7 @@ def _append_messages(
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
-    return last + len(rows)
+    return int(last) + len(rows)
 
 
 def _load_messages(conn: sqlite3.Connection, conversation_id: str) -> list[StoredMessage]:
@@ -506,7 +509,7 @@ class AgentStore:
         self._write_lock = trio.Lock()
         self._readers = ReaderPool(readers)
 
-    async def _write(self, fn: Any, *args: Any) -> Any:
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
         async with self._write_lock:
             return await trio.to_thread.run_sync(_in_transaction, self._writer, fn, *args)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Self
+from typing import Self, cast
 
-from .wire import PROTOCOL_VERSIONS, ErrorBody, Issue
+from .wire import PROTOCOL_VERSIONS, ErrorBody, ErrorCode, Issue
 
 
 class RunnerError(Exception):
@@ -18,8 +18,14 @@ class RunnerError(Exception):
         super().__init__(detail or self.code)
         self.detail = detail
 
+    @property
+    def wire_code(self) -> ErrorCode:
+        """``code`` as ErrorBody types it: the host protocol's errors carry its codes; the agent
+        API's REST answers use the same body with codes of its own (``conflict``)."""
+        return cast("ErrorCode", self.code)
+
     def body(self) -> ErrorBody:
-        return ErrorBody(error=self.code, detail=self.detail)
+        return ErrorBody(error=self.wire_code, detail=self.detail)
 
     @classmethod
     def from_body(cls, body: ErrorBody) -> Self:
@@ -33,7 +39,7 @@ class Unauthorized(RunnerError):
 
     def body(self) -> ErrorBody:
         # An unauthenticated caller learns nothing, not even prose.
-        return ErrorBody(error=self.code)
+        return ErrorBody(error=self.wire_code)
 
 
 class UnknownVersion(RunnerError):
@@ -45,7 +51,7 @@ class UnknownVersion(RunnerError):
         self.versions = list(versions)
 
     def body(self) -> ErrorBody:
-        return ErrorBody(error=self.code, detail=self.detail, versions=self.versions)
+        return ErrorBody(error=self.wire_code, detail=self.detail, versions=self.versions)
 
     @classmethod
     def from_body(cls, body: ErrorBody) -> Self:
@@ -66,7 +72,7 @@ class InvalidRequest(RunnerError):
         self.issues = list(issues) if issues else None
 
     def body(self) -> ErrorBody:
-        return ErrorBody(error=self.code, detail=self.detail, issues=self.issues)
+        return ErrorBody(error=self.wire_code, detail=self.detail, issues=self.issues)
 
     @classmethod
     def from_body(cls, body: ErrorBody) -> Self:
@@ -116,7 +122,7 @@ class CursorTooOld(RunnerError):
 
     def body(self) -> ErrorBody:
         return ErrorBody(
-            error=self.code,
+            error=self.wire_code,
             detail=self.detail,
             requested=self.requested,
             oldest_retained=self.oldest_retained,
@@ -145,7 +151,7 @@ class _Refusal(RunnerError):
         self.issues = list(issues) if issues else None
 
     def body(self) -> ErrorBody:
-        return ErrorBody(error=self.code, detail=self.detail, issues=self.issues)
+        return ErrorBody(error=self.wire_code, detail=self.detail, issues=self.issues)
 
     @classmethod
     def from_body(cls, body: ErrorBody) -> Self:
@@ -177,7 +183,7 @@ class NotAdjustable(RunnerError):
         self.path = path
 
     def body(self) -> ErrorBody:
-        return ErrorBody(error=self.code, detail=self.detail, path=self.path)
+        return ErrorBody(error=self.wire_code, detail=self.detail, path=self.path)
 
     @classmethod
     def from_body(cls, body: ErrorBody) -> Self:

@@ -16,12 +16,12 @@ import types
 import typing
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import attrs
 import cattrs
 
-from .wire import parse_json
+from .wire import origin_of, parse_json
 
 T = TypeVar("T")
 
@@ -613,7 +613,7 @@ def _make_converter() -> cattrs.Converter:
 
     converter.register_structure_hook_func(
         lambda t: (
-            typing.get_origin(t) in (typing.Union, types.UnionType)
+            origin_of(t) in (typing.Union, types.UnionType)
             and type(None) in typing.get_args(t)
             and len(typing.get_args(t)) == 2
         ),
@@ -632,7 +632,7 @@ def _make_converter() -> cattrs.Converter:
                 raise TypeError(f"item {index} {exc}") from None
         return items
 
-    converter.register_structure_hook_func(lambda t: typing.get_origin(t) is list, structure_list)
+    converter.register_structure_hook_func(lambda t: origin_of(t) is list, structure_list)
 
     def structure_object(value: Any, _: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -723,7 +723,7 @@ def decode_body(cls: type[T], value: Any) -> T:
         value = {}
     if not isinstance(value, dict):
         raise FrameRejected("the body must be a JSON object")
-    allowed = {a.name for a in attrs.fields(cls)}
+    allowed = {a.name for a in attrs.fields(cast("type[attrs.AttrsInstance]", cls))}
     extra = [k for k in value if k not in allowed]
     if extra:
         raise FrameRejected(f"unknown field {extra[0][:64]!r}")

@@ -269,11 +269,12 @@ async def serve_runner(
             metrics_done.set()
             if config.metrics_address is not None:
                 metrics_done = trio.Event()
+                metrics_address = config.metrics_address
 
                 async def serve_metrics(*, task_status: trio.TaskStatus[list[str]]) -> None:
                     await hypercorn_serve(
                         create_metrics_app(metrics),
-                        _hypercorn_config(config.metrics_address),
+                        _hypercorn_config(metrics_address),
                         shutdown_trigger=shutdown.wait,
                         task_status=task_status,
                     )

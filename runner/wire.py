@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
 import attrs
@@ -430,6 +430,11 @@ _LIFECYCLE: dict[str, type] = {
 }
 
 
+def origin_of(annotation: Any) -> Any:
+    """``typing.get_origin``, typed for any annotation (its overloads narrow to ``ParamSpec``)."""
+    return typing.get_origin(annotation)
+
+
 def wire_name(attribute: str) -> str:
     """The wire's name for an attribute: camelCase, with the protocol's exceptions."""
     if attribute in _RENAMES:
@@ -472,7 +477,9 @@ def _make_converter() -> cattrs.Converter:
         }
 
     def structure_factory(cls: type) -> Any:
-        inner = make_dict_structure_fn(cls, converter, _cattrs_detailed_validation=True, **renames(cls))
+        inner: Callable[..., Any] = make_dict_structure_fn(
+            cls, converter, _cattrs_detailed_validation=True, **renames(cls)
+        )
         _attribute_of = {wire_name(a.name): a.name for a in attrs.fields(cls)}
         wire_names = set(_attribute_of)
 
@@ -508,7 +515,7 @@ def _make_converter() -> cattrs.Converter:
 
     converter.register_structure_hook_func(
         lambda t: (
-            typing.get_origin(t) in (types.UnionType, typing.Union)
+            origin_of(t) in (types.UnionType, typing.Union)
             and all(a in (str, int, float, type(None)) for a in typing.get_args(t))
         ),
         structure_scalar_union,
@@ -525,7 +532,7 @@ def _make_converter() -> cattrs.Converter:
 
         return structure
 
-    converter.register_structure_hook_factory(lambda t: typing.get_origin(t) is list, list_factory)
+    converter.register_structure_hook_factory(lambda t: origin_of(t) is list, list_factory)
 
     def structure_heartbeat(value: Any, _: Any) -> Heartbeat:
         if isinstance(value, dict) and "envelope" in value:

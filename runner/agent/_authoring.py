@@ -9,8 +9,7 @@ so a handler that changes state can unlock a tool or a skill.
 from __future__ import annotations
 
 import inspect
-import typing
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
@@ -162,7 +161,7 @@ def check_key(key: object) -> str:
 def _check_sender(sender: object) -> Sender:
     if sender not in ("client", "host"):
         raise AuthoringError(f"a message sender must be 'client' or 'host', got {sender!r}")
-    return sender  # type: ignore[return-value]
+    return sender
 
 
 class _Parts:
@@ -396,7 +395,7 @@ class Agent(_Parts):
             AuthoringError: A bad name, a name already used, or a timeout out of range.
         """
         _check_tool_name(name)
-        if any(t.name == name for t in (*self.tools, *self.app_tools)):
+        if any(t.name == name for t in self.tools) or any(t.name == name for t in self.app_tools):
             raise AuthoringError(f"tool {name!r} is defined twice")
         if not description:
             raise AuthoringError(f"app tool {name!r} needs a description for the model")
@@ -464,5 +463,5 @@ async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     """Call agent code that may be sync or async."""
     result = fn(*args, **kwargs)
     if inspect.isawaitable(result):
-        result = await typing.cast(Awaitable[Any], result)
+        result = await result
     return result

@@ -459,7 +459,8 @@ class AgentRuntime:
             tts=tts,
             instructions=self._instructions,
             tools=lambda: [
-                *(t.spec() for t in (*self.offer().tools, *self._turn_app_tools)),
+                *(t.spec() for t in self.offer().tools),
+                *(t.spec() for t in self._turn_app_tools),
                 *(p.spec for p in self.platform_tools.values()),
             ],
             run_tool=self._run_tool,

@@ -167,7 +167,8 @@ def check_update(
         for key in value:
             if key not in _SHAPE[section]:
                 issues.append(Issue(path=[section, key], message="is not a setting"))
-    tts_update = raw.get("tts") if isinstance(raw.get("tts"), dict) else {}
+    tts_section = raw.get("tts")
+    tts_update: dict[str, Any] = tts_section if isinstance(tts_section, dict) else {}
     if "voice" in tts_update:
         problem = _voice_issue(tts, tts_update["voice"])
         if problem:
@@ -181,7 +182,8 @@ def check_update(
         elif tts.provider == "espeak":
             issues.append(Issue(path=["tts", "model"], message="espeak has no models to choose from"))
         changes["tts_model"] = tts_update["model"]
-    stt_update = raw.get("stt") if isinstance(raw.get("stt"), dict) else {}
+    stt_section = raw.get("stt")
+    stt_update: dict[str, Any] = stt_section if isinstance(stt_section, dict) else {}
     if "language" in stt_update:
         problem = _language_issue(stt, stt_update["language"])
         if problem:

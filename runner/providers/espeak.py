@@ -144,7 +144,7 @@ class _Engine:
         spec.languages = ctypes.cast(ctypes.c_char_p(b"variant"), ctypes.c_void_p)
         self.variants = self._list(ctypes.byref(spec))
 
-    def _on_audio(self, wav: object, numsamples: int, _events: int | None) -> int:
+    def _on_audio(self, wav: ctypes._Pointer[ctypes.c_short], numsamples: int, _events: int | None) -> int:
         if numsamples > 0 and wav and self._sink is not None:
             self._sink.append(ctypes.string_at(wav, numsamples * 2))
         return 0  # 0 = go on
@@ -207,12 +207,8 @@ def _resolve(voice: str) -> str:
     found: str | None = None
     # Most specific first: a full identifier, its last part, the display name, then a
     # language code, taking the voice that prefers it most (lowest priority number).
-    for match in (
-        lambda v: v.identifier.lower() == key,
-        lambda v: v.short_name.lower() == key,
-        lambda v: v.name.lower() == key,
-    ):
-        found = next((v.identifier for v, _ in engine.voices if match(v)), None)
+    for field in ("identifier", "short_name", "name"):
+        found = next((v.identifier for v, _ in engine.voices if getattr(v, field).lower() == key), None)
         if found:
             break
     if found is None:

@@ -40,6 +40,7 @@ import trio
 import wsproto
 import wsproto.events as ws_events
 import wsproto.utilities
+from wsproto.connection import ConnectionState
 
 from ..voice.audio import Resampler
 from ._types import ProviderError
@@ -473,7 +474,7 @@ class _WebSocket:
         """Say goodbye (best effort) and close the socket."""
         if self._stream is None:
             return
-        if not self._closed and self._ws.state is wsproto.ConnectionState.OPEN:
+        if not self._closed and self._ws.state is ConnectionState.OPEN:
             self._closed = True
             with contextlib.suppress(
                 _Closed, ProviderError, trio.BrokenResourceError, trio.ClosedResourceError
@@ -514,7 +515,7 @@ class _WebSocket:
                     raise _Closed(None, "")
                 raise ProviderError("provider_failed", "KugelAudio cut the connection", retryable=True)
             try:
-                self._ws.receive_data(data)
+                self._ws.receive_data(bytes(data))
             except wsproto.utilities.RemoteProtocolError:
                 raise ProviderError("provider_failed", "KugelAudio broke the WebSocket protocol") from None
         raise ProviderError("provider_failed", "KugelAudio sent too many frames")

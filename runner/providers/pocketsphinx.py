@@ -144,7 +144,8 @@ def _frame_db(x: np.ndarray) -> np.ndarray:
     step = DECODER_RATE_HZ // 100
     n = x.size // step
     power = np.mean(np.square(x[: n * step].reshape(n, step), dtype=np.float64), axis=1)
-    return 10.0 * np.log10(power + 1.0)
+    level: np.ndarray = 10.0 * np.log10(power + 1.0)
+    return level
 
 
 def _trim_quiet_ends(audio: bytes) -> bytes:

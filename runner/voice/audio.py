@@ -43,7 +43,7 @@ def _samples(pcm: bytes) -> np.ndarray:
 
 
 def _to_s16le(x: np.ndarray) -> bytes:
-    return np.clip(np.rint(x), -32768, 32767).astype("<i2").tobytes()
+    return bytes(np.clip(np.rint(x), -32768, 32767).astype("<i2").tobytes())
 
 
 def pcm_seconds(nbytes: int, rate: int) -> float:
@@ -158,7 +158,8 @@ class Resampler:
     def _weights(self, frac: np.ndarray) -> np.ndarray:
         dist = frac[:, None] - self._taps[None, :]
         w = 2.0 * self._fc * np.sinc(2.0 * self._fc * dist) * (0.5 + 0.5 * np.cos(np.pi * dist / self._half))
-        return w / w.sum(axis=1, keepdims=True)  # unit gain at DC
+        unit: np.ndarray = w / w.sum(axis=1, keepdims=True)  # unit gain at DC
+        return unit
 
     def _emit(self, limit: int | None) -> bytes:
         end = self._base + self._buf.size - 1  # last input index held

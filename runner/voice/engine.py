@@ -13,7 +13,7 @@ import json
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -546,7 +546,7 @@ def _tool_content(outcome: ToolOutcome) -> str:
 
 async def _stream(
     llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, thoughts: bool = False
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     # One place owns the provider's iterator, so a cancelled turn always closes it.
     # ``thoughts`` goes only to a provider that takes it; the LLM protocol stays as it is.
     with stage("llm", llm) as request:
@@ -561,7 +561,7 @@ async def _stream(
                 yield event
 
 
-async def _synthesize(tts: TTS, text: str) -> AsyncIterator[bytes]:
+async def _synthesize(tts: TTS, text: str) -> AsyncGenerator[bytes, None]:
     with stage("tts", tts) as request:
         async with aclosing(tts.synthesize(text)) as audio:  # type: ignore[type-var]
             async for pcm in audio:
