@@ -53,6 +53,8 @@ from .wire import (
     StartCallRequest,
     State,
     StopCallResponse,
+    encode,
+    json_bytes,
 )
 
 log = logging.getLogger("runner.calls")
@@ -136,6 +138,51 @@ class Conversation(Protocol):
 ConversationFactory = Callable[[CallContext, CallRecord], Conversation]
 
 
+class StatusParts:
+    """Each held call's LiveCall as JSON, in start order, for ``GET /v1/runner``.
+
+    Calls are grouped by start order, and each group keeps its parts joined until one of
+    them changes, so an answer re-joins only the groups that changed since the last one.
+    """
+
+    GROUP = 128
+
+    def __init__(self) -> None:
+        self._groups: dict[int, dict[str, bytes]] = {}
+        self._joined: dict[int, bytes] = {}
+        self._group_of: dict[str, int] = {}
+        self._added = 0
+
+    def set(self, session_id: str, part: bytes) -> None:
+        group = self._group_of.get(session_id)
+        if group is None:
+            # Only the newest group takes new calls, so the groups stay in start order.
+            group = self._group_of[session_id] = self._added // self.GROUP
+            self._added += 1
+        self._groups.setdefault(group, {})[session_id] = part
+        self._joined.pop(group, None)
+
+    def discard(self, session_id: str) -> None:
+        group = self._group_of.pop(session_id, None)
+        if group is None:
+            return
+        parts = self._groups[group]
+        del parts[session_id]
+        self._joined.pop(group, None)
+        if not parts:
+            del self._groups[group]
+
+    def joined(self) -> bytes:
+        """Every part, comma-separated."""
+        out = []
+        for group, parts in self._groups.items():
+            joined = self._joined.get(group)
+            if joined is None:
+                joined = self._joined[group] = b",".join(parts.values())
+            out.append(joined)
+        return b",".join(out)
+
+
 class Call:
     """One call. Created and run by :class:`Runner`."""
 
@@ -148,13 +195,15 @@ class Call:
         context: CallContext,
         conversation_factory: ConversationFactory | None,
         origin: Mapping[str, Any] | None = None,
+        statuses: StatusParts | None = None,
     ) -> None:
         self.session_id = start.session_id
         self.origin = origin
         self.end_reason = ""
         self.start = start
         self.started_at_ms = now_ms()
-        self.state: State = "starting"
+        self._statuses = statuses
+        self.state = "starting"
         self.context = context
         self.record = record
         self.session: TransportSession | None = None
@@ -173,8 +222,20 @@ class Call:
         self._held: list[HostMessage] = []
         self._held_delivered = trio.Event()
 
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @state.setter
+    def state(self, state: State) -> None:
+        # The runner's status keeps each call's LiveCall as JSON, rewritten only when the
+        # state changes, so GET /v1/runner joins them instead of encoding every call.
+        self._state = state
+        if self._statuses is not None:
+            self._statuses.set(self.session_id, json_bytes(self.live()))
+
     def live(self) -> LiveCall:
-        return LiveCall(session_id=self.session_id, state=self.state, started_at_ms=self.started_at_ms)
+        return LiveCall(session_id=self.session_id, state=self._state, started_at_ms=self.started_at_ms)
 
     def stop_nowait(self, reason: str, grace_ms: int = 0) -> None:
         """Ask the call to end: the agent may finish its utterance within ``grace_ms``."""
@@ -450,6 +511,8 @@ class Runner:
         self.journal = journal
         self.transports = list(transports)
         self.calls: dict[str, Call] = {}
+        # Each held call's LiveCall as JSON, in the order of `calls`: kept by the calls.
+        self._statuses = StatusParts()
         self.draining = False
         self._conversation_factory = conversation_factory
         self._experiment_chooser = experiment_chooser
@@ -503,6 +566,15 @@ class Runner:
             self._drain_requested.set()
 
     def status(self) -> RunnerStatus:
+        return self._status([call.live() for call in self.calls.values()])
+
+    def status_json(self) -> bytes:
+        """:meth:`status` as JSON, in one pass: the calls' parts are kept up to date as they change."""
+        head = encode(self._status([]))
+        del head["sessions"]
+        return b"".join((json_bytes(head)[:-1], b',"sessions":[', self._statuses.joined(), b"]}"))
+
+    def _status(self, sessions: list[LiveCall]) -> RunnerStatus:
         return RunnerStatus(
             protocol_version=PROTOCOL_VERSION,
             deployment_id=self.config.deployment_id,
@@ -510,7 +582,7 @@ class Runner:
             max_sessions=self.config.max_sessions,
             active_sessions=len(self.calls),
             draining=self.draining,
-            sessions=[call.live() for call in self.calls.values()],
+            sessions=sessions,
         )
 
     def get(self, session_id: str) -> Call:
@@ -594,6 +666,7 @@ class Runner:
             context=context,
             conversation_factory=self._conversation_factory,
             origin=origin,
+            statuses=self._statuses,
         )
         self.calls[call.session_id] = call
         self._idle = trio.Event()
@@ -611,6 +684,7 @@ class Runner:
             pass  # logged by the call; one call's failure never takes the runner down
         finally:
             del self.calls[call.session_id]
+            self._statuses.discard(call.session_id)
             if not self.calls:
                 self._idle.set()
 

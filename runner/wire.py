@@ -636,3 +636,11 @@ def decode(cls: type[T], value: Any) -> T:
 def encode(value: Any) -> Any:
     """Unstructure a wire type (or a list of them) to JSON-ready values."""
     return converter.unstructure(value)
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def json_bytes(value: Any) -> bytes:
+    """A wire type (or plain JSON value) as compact JSON, UTF-8."""
+    return _ENCODER.encode(encode(value)).encode()

@@ -586,6 +586,35 @@ async def test_concurrent_starts_beyond_capacity_accept_exactly_max_sessions(tmp
         assert {call["state"] for call in status["sessions"]} == {"connected"}
 
 
+async def test_the_status_keeps_up_with_calls_started_and_ended(tmp_path: Path) -> None:
+    # The runner keeps each call's part of its status as the call changes (in groups of
+    # StatusParts.GROUP by start order): whole groups and single calls end, new ones start.
+    async with start_runner(tmp_path / "j.db", "--max-sessions", "400") as runner, runner.client() as client:
+        first = [f"a{i}" for i in range(300)]
+        for begin in range(0, len(first), 50):
+            for response in await _post_all(client, [call_start(s) for s in first[begin : begin + 50]]):
+                answer(response, 202, "StartCallResponse")
+        status = await status_of(client)
+        assert status["activeSessions"] == 300
+        # Concurrent starts register in the order their requests arrive: compare as sets here.
+        assert sorted(call["sessionId"] for call in status["sessions"]) == sorted(first)
+        order = [call["sessionId"] for call in status["sessions"]]
+        ended = set(order[:140]) | set(order[141::3])
+        for session_id in sorted(ended):
+            stopped = answer(await client.delete(f"/v1/sessions/{session_id}"), 200, "StopCallResponse")
+            assert stopped["stopped"] is True
+        later = [f"b{i}" for i in range(5)]
+        for session_id in later:
+            answer(await client.post("/v1/sessions", json=call_start(session_id)), 202, "StartCallResponse")
+        status = await status_of(client)
+        expected = [s for s in order if s not in ended] + later
+        assert [call["sessionId"] for call in status["sessions"]] == expected
+        assert status["activeSessions"] == len(expected)
+        for call in status["sessions"][::17]:
+            assert call == answer(await client.get(f"/v1/sessions/{call['sessionId']}"), 200, "LiveCall")
+        assert {call["state"] for call in status["sessions"]} == {"connected"}
+
+
 async def test_a_call_still_joining_shows_starting(tmp_path: Path) -> None:
     async with start_runner(tmp_path / "j.db") as runner, runner.client() as client:
         result: dict[str, httpx.Response] = {}

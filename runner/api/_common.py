@@ -10,7 +10,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..errors import InvalidRequest, NotFound, RunnerError
-from ..wire import ErrorBody, Issue, WireError, decode, encode, parse_json
+from ..wire import ErrorBody, Issue, WireError, decode, json_bytes, parse_json
 
 T = TypeVar("T")
 
@@ -19,9 +19,11 @@ log = logging.getLogger("runner.api")
 
 def json_response(value: Any, status: int = 200) -> Response:
     """A wire type (or plain JSON value) as a compact JSON response."""
-    import json
+    return json_body_response(json_bytes(value), status)
 
-    body = json.dumps(encode(value), separators=(",", ":"))
+
+def json_body_response(body: bytes, status: int = 200) -> Response:
+    """JSON already encoded (``Runner.status_json``) as a response."""
     return Response(body, status=status, content_type="application/json")
 
 

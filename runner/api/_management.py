@@ -23,7 +23,7 @@ from ..wire import (
     StartCallRequest,
     StartCallResponse,
 )
-from ._common import install_error_handlers, json_response, read_body, read_json
+from ._common import install_error_handlers, json_body_response, json_response, read_body, read_json
 from ._events import check_cursor, parse_cursor, stream_lines
 from ._metrics import metrics_response
 
@@ -108,13 +108,13 @@ def create_management_app(
     @app.get("/v1/runner")
     async def runner_status() -> Response:
         runner.require_managed()
-        return json_response(runner.status())
+        return json_body_response(runner.status_json())
 
     @app.post("/v1/runner/drain")
     async def drain() -> Response:
         runner.require_managed()
         runner.drain_nowait("drain_request")
-        return json_response(runner.status(), status=202)
+        return json_body_response(runner.status_json(), status=202)
 
     @app.post("/v1/sessions")
     async def start_call() -> Response:
