@@ -28,6 +28,8 @@ import argparse
 import contextlib
 import gc
 import io
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +78,9 @@ class Profile:
     levels: tuple[int, ...] = (1, 10, 100, 500, 1_000)
     fill_clients: int = 20
     probe_calls: int = 30  # starts measured at each level, each stopped again
+    status_samples: int = 3  # GET /v1/runner at each level; the median counts
+    poll_pairs: int = 2  # at the most calls held: probe windows without and with a 1 Hz poller
+    poll_window_seconds: float = 4.0
     ramp_seconds: float = 25.0  # every level's fill and probes together
     total_seconds: float = 55.0
 
@@ -90,6 +95,8 @@ FULL = Profile(
     health_requests=2_000,
     levels=(1, 10, 100, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000),
     probe_calls=100,
+    poll_pairs=4,
+    poll_window_seconds=8.0,
     ramp_seconds=480.0,
     total_seconds=660.0,
 )
@@ -332,8 +339,17 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 return _ms(took)
 
             start_ms = await probe(0)
-            status_s, status = await api.timed_get("/v1/runner")
-            assert status["activeSessions"] == level, status["activeSessions"]
+            status_ms, status_cpu_ms, build_ms = [], [], []
+            for _ in range(profile.status_samples):
+                cpu = time.thread_time()
+                status_s, status = await api.timed_get("/v1/runner")
+                # Client and runner share this thread: CPU time is both, but not other processes'.
+                status_cpu_ms.append((time.thread_time() - cpu) * 1000)
+                status_ms.append(status_s * 1000)
+                assert status["activeSessions"] == level, status["activeSessions"]
+                began = time.perf_counter()
+                runner.status_json()
+                build_ms.append((time.perf_counter() - began) * 1000)
             row = {
                 "held": level,
                 "fill_s": fill_s,
@@ -343,7 +359,10 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 "rss_per_added_call_kib": (rss - previous_rss) / (level - previous_level),
                 "start_ms": start_ms,
                 "probe_attempts": 1,
-                "runner_status_ms": status_s * 1000,
+                "runner_status_ms": statistics.median(status_ms),
+                "runner_status_cpu_ms": statistics.median(status_cpu_ms),
+                "runner_status_build_ms": statistics.median(build_ms),
+                "runner_status_bytes": len(runner.status_json()),
                 "available_share": available_share(),
             }
             levels.append(row)
@@ -375,6 +394,8 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 stopped_because = f"time: the ramp's time ran out after {level}"
                 break
             previous_level, previous_rss = level, rss
+        say(f"  a host polling GET /v1/runner every second, at {len(runner.calls)} calls")
+        polled = await measure_poll_impact(profile, api, len(runner.calls))
         held_now = len(runner.calls)
         drain_began = time.perf_counter()
         runner.drain_nowait("drain_request")
@@ -383,12 +404,83 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
         drain_s = time.perf_counter() - drain_began
     good = [row for row in levels if "degraded" not in row]
     return {
+        "polled": polled,
         "base_rss_mib": base_rss / 1024,
         "levels": levels,
         "held_max": good[-1]["held"] if good else 0,
         "stopped_because": stopped_because,
         "drain": {"calls": held_now, "seconds": drain_s},
     }
+
+
+async def measure_poll_impact(profile: Profile, api: Api, held: int) -> dict[str, Any]:
+    """Start latency while a host polls ``GET /v1/runner`` once a second, against none.
+
+    The poller is a process of its own (``bench._status_poller``), as a host is, so the
+    runner's loop pays only for answering. Windows alternate (without, with, with, without,
+    ...) and each side's latencies are pooled.
+    """
+    url = str(api.client.base_url)
+    token = api.client.headers["Authorization"].removeprefix("Bearer ")
+    sides: dict[str, list[float]] = {"without": [], "with": []}
+    polls: list[float] = []
+    n = 0
+
+    async def probe_window() -> list[float]:
+        nonlocal n
+        took: list[float] = []
+        ends = time.perf_counter() + profile.poll_window_seconds
+        while time.perf_counter() < ends:
+            n += 1
+            took.append(await api.start(f"poll-{n}"))
+            await api.stop(f"poll-{n}")
+        return took
+
+    order = [("without", "with") if k % 2 == 0 else ("with", "without") for k in range(profile.poll_pairs)]
+    for pair in order:
+        for side in pair:
+            if side == "without":
+                sides[side] += await probe_window()
+                continue
+            command = [
+                sys.executable,
+                "-m",
+                "bench._status_poller",
+                url,
+                token,
+                str(profile.poll_window_seconds + 0.5),
+            ]
+            with trio.fail_after(profile.poll_window_seconds + 30):
+                poller = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE)
+                try:
+                    assert poller.stdout is not None
+                    lines = _lines(poller.stdout)
+                    assert await lines.__anext__() == "ready"
+                    sides[side] += await probe_window()
+                    async for line in lines:
+                        polls.append(float(line.split()[0]))
+                finally:
+                    if poller.returncode is None:
+                        poller.kill()
+                    with trio.CancelScope(shield=True):
+                        await poller.wait()
+    return {
+        "held": held,
+        "pairs": profile.poll_pairs,
+        "window_seconds": profile.poll_window_seconds,
+        "start_ms_without": _ms(sides["without"]),
+        "start_ms_with": _ms(sides["with"]),
+        "poll_ms": _ms([p / 1000 for p in polls]),
+    }
+
+
+async def _lines(stream: trio.abc.ReceiveStream):  # type: ignore[no-untyped-def]
+    buffer = b""
+    async for chunk in stream:
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.decode()
 
 
 def _degraded(levels: Sequence[dict[str, Any]]) -> str | None:
@@ -448,7 +540,8 @@ def _table(got: dict[str, Any]) -> list[list[str]]:
                 f"held {row['held']}",
                 f"RSS {fmt(row['rss_mib'])} MiB, {fmt(row['rss_per_call_kib'])} KiB/call",
                 f"start p50 {fmt(start.get('p50'))} p99 {fmt(start.get('p99'))} ms",
-                f"GET /v1/runner {fmt(row['runner_status_ms'])} ms"
+                f"GET /v1/runner {fmt(row['runner_status_ms'])} ms (CPU {fmt(row['runner_status_cpu_ms'])},"
+                f" runner's join {fmt(row['runner_status_build_ms'])})"
                 + (f"; DEGRADED: {row['degraded']}" if "degraded" in row else ""),
             ]
         )
@@ -458,6 +551,16 @@ def _table(got: dict[str, Any]) -> list[list[str]]:
             str(held["held_max"]),
             f"stopped: {held['stopped_because']}",
             "",
+        ]
+    )
+    polled = held["polled"]
+    without, with_ = polled["start_ms_without"], polled["start_ms_with"]
+    rows.append(
+        [
+            f"start while a host polls GET /v1/runner at 1 Hz, {polled['held']} calls held",
+            f"p50 {fmt(with_.get('p50'))}  p99 {fmt(with_.get('p99'))} ms",
+            f"without the poller: p50 {fmt(without.get('p50'))}  p99 {fmt(without.get('p99'))} ms",
+            f"poll p50 {fmt(polled['poll_ms'].get('p50'))} ms from its own process ({polled['poll_ms'].get('n')} polls)",
         ]
     )
     drain = held["drain"]
