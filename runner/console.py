@@ -10,6 +10,7 @@ audio devices; otherwise one line on stderr says why and the console stays text 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -154,47 +155,90 @@ def open_audio() -> tuple[Any, str | None]:
         import sounddevice  # type: ignore[import-untyped]
     except (ImportError, OSError) as exc:
         return None, f"no audio: sounddevice cannot load ({exc})"
+    devices = list(sounddevice.query_devices())
+    if not any(d["max_input_channels"] > 0 for d in devices) or not any(
+        d["max_output_channels"] > 0 for d in devices
+    ):
+        return None, "no audio: this machine has no microphone or no speaker"
     try:
         sounddevice.check_input_settings(channels=1, dtype="int16", samplerate=MIC_RATE_HZ)
         sounddevice.query_devices(kind="output")
-    except Exception as exc:  # noqa: BLE001 - PortAudio reports a missing device in several ways
+    except Exception as exc:  # noqa: BLE001 - PortAudio reports an unusable device in several ways
         return None, f"no audio: {exc}"
     return sounddevice, None
 
 
-async def _play_and_hear(sounddevice: Any, session: LoopbackSession) -> None:
-    """Play the agent's speech and send the microphone to it, until cancelled."""
-    caller = LoopbackCaller(session)
-    speaker: Any = None
-    token = trio.lowlevel.current_trio_token()
-    frame = MIC_RATE_HZ * MIC_FRAME_MS // 1000
+class _Sound:
+    """The sound card: the agent's speech out, the microphone in (``sounddevice``, PortAudio)."""
 
-    def heard(data: Any, frames: int, time: Any, status: Any) -> None:
-        pcm = bytes(data)
-        token.run_sync_soon(caller.send_audio, pcm, MIC_RATE_HZ)
+    def __init__(self, sounddevice: Any, session: LoopbackSession) -> None:
+        self.sounddevice = sounddevice
+        self.session = session
+        self.idle = trio.Event()
+        self.idle.set()
 
-    microphone = sounddevice.RawInputStream(
-        samplerate=MIC_RATE_HZ, channels=1, dtype="int16", blocksize=frame, callback=heard
-    )
-    microphone.start()
-    try:
-        async for pcm in caller.audio:
-            if pcm is None:  # the caller talked over the agent: what is queued is dropped
-                if speaker is not None:
-                    speaker.abort()
-                    speaker.start()
-                continue
-            rate = session.audio_rate_hz
-            if speaker is None or speaker.samplerate != rate:
-                if speaker is not None:
-                    speaker.close()
-                speaker = sounddevice.RawOutputStream(samplerate=rate, channels=1, dtype="int16")
-                speaker.start()
-            await trio.to_thread.run_sync(speaker.write, pcm)
-    finally:
-        microphone.close()
-        if speaker is not None:
-            speaker.close()
+    async def serve(self) -> None:
+        """Play the agent's speech and send the microphone to it, until cancelled."""
+        caller = LoopbackCaller(self.session)
+        token = trio.lowlevel.current_trio_token()
+
+        def heard(data: Any, frames: int, time: Any, status: Any) -> None:
+            # PortAudio's own thread: hand the samples to the call's loop.
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(caller.send_audio, bytes(data), MIC_RATE_HZ)
+
+        microphone = self.sounddevice.RawInputStream(
+            samplerate=MIC_RATE_HZ,
+            channels=1,
+            dtype="int16",
+            blocksize=MIC_RATE_HZ * MIC_FRAME_MS // 1000,
+            callback=heard,
+        )
+        microphone.start()
+        speaker: Any = None
+        try:
+            async for first in caller.audio:
+                self.idle = trio.Event()
+                batch = [first, *_ready(caller)]
+                if None in batch:
+                    # The caller talked over the agent: what was queued before the clear is dropped.
+                    batch = batch[len(batch) - batch[::-1].index(None) :]
+                    if speaker is not None:
+                        speaker.abort()
+                        speaker.start()
+                rate = self.session.audio_rate_hz
+                for pcm in batch:
+                    if speaker is None or speaker.samplerate != rate:
+                        if speaker is not None:
+                            speaker.close()
+                        speaker = self.sounddevice.RawOutputStream(samplerate=rate, channels=1, dtype="int16")
+                        speaker.start()
+                    await trio.to_thread.run_sync(speaker.write, pcm)
+                if not self.session.audio_out.statistics().current_buffer_used:
+                    self.idle.set()
+        finally:
+            microphone.close()
+            if speaker is not None:
+                speaker.close()
+
+    async def wait_played(self, limit_s: float = 60.0) -> None:
+        """Wait until what the agent said has been played (at most ``limit_s``)."""
+        with trio.move_on_after(limit_s):
+            for _ in range(100_000):
+                await self.idle.wait()
+                if not self.session.audio_out.statistics().current_buffer_used:
+                    return
+                await trio.lowlevel.checkpoint()  # the speaker's task takes what is left first
+
+
+def _ready(caller: LoopbackCaller) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    for _ in range(100_000):
+        try:
+            out.append(caller.audio.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
+    return out
 
 
 async def run_console(
@@ -237,8 +281,9 @@ async def run_console(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(runtime.run, session, session.events)
-        if sounddevice is not None:
-            nursery.start_soon(_play_and_hear, sounddevice, session)
+        sound = _Sound(sounddevice, session) if sounddevice is not None else None
+        if sound is not None:
+            nursery.start_soon(sound.serve)
         else:
             nursery.start_soon(_drain, caller)
         await runtime.ready.wait()
@@ -247,6 +292,8 @@ async def run_console(
             stdout.write(_dim("(/help lists the commands)", True) + "\n")
         await read_turns(stdin, stdout, say, prompt=prompt)
         await runtime.wait_idle()
+        if sound is not None:
+            await sound.wait_played()  # the last reply is heard to its end
         nursery.cancel_scope.cancel()
     if wav_path is not None and transcript.speech_bytes:
         write_wav(wav_path, bytes(transcript.speech_bytes), transcript.rate_hz)

@@ -21,11 +21,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 async def console(
-    *args: str, stdin: str, cwd: Path, seconds: float = 30
+    *args: str, stdin: str, cwd: Path, seconds: float = 30, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        **(env or {}),
     }
     with trio.fail_after(seconds):
         return await trio.run_process(
@@ -104,6 +105,31 @@ async def test_without_audio_devices_the_console_says_why_once_and_stays_text(tm
     assert "In lisbon it is sunny and 24 degrees." in done.stdout.decode()
     assert "first audio" not in done.stdout.decode()  # nothing was spoken
     assert list(tmp_path.iterdir()) == []
+
+
+def _null_sound_card(home: Path) -> dict[str, str]:
+    """An environment whose ALSA default device is the null one: a sound card that hears silence."""
+    home.mkdir()
+    (home / ".asoundrc").write_text("pcm.!default { type null }\n", encoding="utf-8")
+    return {"HOME": str(home)}
+
+
+async def test_with_a_sound_card_the_console_speaks_and_listens(tmp_path: Path) -> None:
+    env = _null_sound_card(tmp_path / "home")
+    try:
+        import sounddevice  # noqa: F401
+    except OSError:
+        pytest.skip("no PortAudio here (.ci/install-audio installs it)")
+    work = tmp_path / "work"
+    work.mkdir()
+    done = await console(stdin="what is the weather in lisbon\n", cwd=work, env=env, seconds=90)
+    assert done.returncode == 0, done.stderr.decode()
+    assert "no audio" not in done.stderr.decode()
+    out = done.stdout.decode()
+    # Spoken: the replies were synthesized and played (first audio), and nothing was written.
+    assert "In lisbon it is sunny and 24 degrees." in out
+    assert out.count("first audio") == 2, out
+    assert list(os.scandir(work)) == []
 
 
 def _talk_on_a_terminal(lines: list[bytes], cwd: Path, seconds: float = 60) -> tuple[str, int]:
