@@ -40,42 +40,64 @@ def _kept(frame: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in frame.items() if k not in VOLATILE}
 
 
+def _segments(steps: list[tuple[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each frame the app sends, with the JSON frames the page shows arriving after it."""
+    segments: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    for kind, frame in steps:
+        if kind == "send":
+            segments.append((frame, []))
+        elif kind == "receive":
+            segments[-1][1].append(frame)
+    return segments
+
+
+def _key(frame: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in frame.items() if k not in VOLATILE and k != "seq"}, sort_keys=True)
+
+
 async def test_the_documented_exchange_is_what_the_runner_sends(tmp_path: Path) -> None:
     steps = _documented()
-    assert [kind for kind, _ in steps].count("send") == 2
+    segments = _segments(steps)
+    assert [sent["type"] for sent, _ in segments] == ["auth", "user_message"]
     async with start_runner(
         tmp_path / "j.db", agent="tests.websocket.doc_agents:pizzeria", env=RUNNER_ENV
     ) as runner:
         address = public_address(runner.stderr)
         assert address is not None
-        api = Addresses(management=runner.address, public=address).api()
+        addresses = Addresses(management=runner.address, public=address)
+        api = addresses.api()
         token = (await api.mint("eu_ada"))["token"]
         session_id = (await api.session(token))["session_id"]
-        async with open_socket(Addresses(management=runner.address, public=address), session_id) as sock:
-            pending_binary = False
-            for kind, documented in steps:
-                if kind == "send":
-                    frame = dict(documented)
-                    if frame["type"] == "auth":
-                        frame.update(key=token, session_id=session_id)
-                    await sock.send_raw(json.dumps(frame))
-                    continue
-                if kind == "binary":
-                    pending_binary = True
-                    continue
-                got = await sock.receive()
-                binaries = 0
-                while isinstance(got, bytes):
-                    binaries += 1
-                    got = await sock.receive()
-                # Audio came exactly where the page shows it.
-                assert (binaries > 0) == pending_binary, (documented["type"], binaries)
-                pending_binary = False
-                assert set(got) == set(documented), got
-                assert _kept(got) == _kept(documented)
-                if "session_id" in got:
-                    assert got["session_id"] == session_id
-                if "turn" in got:
-                    assert re.fullmatch(r"turn_[0-9a-f]{16}", got["turn"])
-                if got["type"] == "audio.end":
-                    assert abs(got["audio_seconds"] - got["bytes"] / 2 / 22_050) < 0.002, got
+        async with open_socket(addresses, session_id) as sock:
+            seq = 0
+            for sent, documented in segments:
+                frame = dict(sent)
+                if frame["type"] == "auth":
+                    frame.update(key=token, session_id=session_id)
+                await sock.send_raw(json.dumps(frame))
+                got: list[dict[str, Any]] = []
+                audio: list[int] = []  # binary frames, by the audio window they arrived in
+                while len(got) < len(documented):
+                    message = await sock.receive()
+                    if isinstance(message, bytes):
+                        assert got and got[-1]["type"] == "audio.start", "audio outside an audio window"
+                        audio.append(got[-1]["chunk"])
+                        continue
+                    got.append(message)
+                # The same frames: the page's order where the protocol fixes one (a turn starts
+                # with turn.start and ends with turn.done; text.chunk and usage may interleave).
+                assert sorted(map(_key, got)) == sorted(map(_key, documented))
+                assert [f["type"] for f in got][:: len(got) - 1] == [
+                    documented[0]["type"],
+                    documented[-1]["type"],
+                ]
+                assert [f["seq"] for f in got] == list(range(seq + 1, seq + 1 + len(got)))
+                seq += len(got)
+                for each in got:
+                    if "session_id" in each:
+                        assert each["session_id"] == session_id
+                    if "turn" in each:
+                        assert re.fullmatch(r"turn_[0-9a-f]{16}", each["turn"])
+                    if each["type"] == "audio.end":
+                        assert audio.count(each["chunk"]) > 0  # its PCM came inside its window
+                        assert abs(each["audio_seconds"] - each["bytes"] / 2 / 22_050) < 0.002, each
