@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 
 from tests.runner_process import RunnerProcess, start_runner
+from tests.websocket.ino_client import Addresses, connect
 
 SHOP = """\
 from runner.agent import Agent
@@ -70,3 +71,27 @@ async def test_the_playground_is_served_by_dev_only(tmp_path: Path) -> None:
                 assert any(line == f"runner: playground on http://{address}/" for line in runner.stderr)
             runner.signal(signal.SIGINT)
             assert await runner.wait_exit() == 0
+
+
+async def test_a_reload_restarts_the_playgrounds_call_too(tmp_path: Path) -> None:
+    public = "runner: public listener on "
+    agent = tmp_path / "shop.py"
+    agent.write_text(SHOP.format(hour="nine"), encoding="utf-8")
+    async with start_runner(tmp_path / "j.db", command="dev", agent=str(agent), stdin=True) as runner:
+        await runner.wait_for(lambda: any(line.startswith(public) for line in runner.stderr))
+        (address,) = [line.removeprefix(public) for line in runner.stderr if line.startswith(public)]
+        addresses = Addresses(management=runner.address, public=address)
+        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=10) as client:
+            minted = (await client.post("/dev/session")).json()
+        token, session_id = minted["token"], minted["session_id"]
+
+        async with connect(addresses, token, session_id) as sock:
+            assert (await sock.say("when do you open"))[-1]["message"] == "We open at nine."
+            agent.write_text(SHOP.format(hour="ten"), encoding="utf-8")
+            # The socket's call ends with the old code: the page is told to reconnect.
+            code, _ = await sock.closed(timeout=30)
+        assert code == 4013
+        async with connect(addresses, token, session_id) as sock:
+            assert (await sock.say("when do you open"))[-1]["message"] == "We open at ten."
+        runner.signal(signal.SIGINT)
+        assert await runner.wait_exit() == 0
