@@ -134,7 +134,7 @@ def create_public_app(service: AgentSocketService, *, playground: Playground | N
     async def messages(session_id: str) -> Response:
         end_user = await end_user_or_api_key()
         await service.conversation_for(session_id, end_user_id=end_user)
-        stored = await service.store.load_messages(session_id)
+        stored = await service.platform.transcript(session_id)
         return _json(
             w.AgentSessionMessages(
                 session_id=session_id,
@@ -147,7 +147,6 @@ def create_public_app(service: AgentSocketService, *, playground: Playground | N
                         created_at=w.rfc3339(m.created_at),
                     )
                     for m in stored
-                    if m.role in ("user", "assistant") and m.content
                 ],
             )
         )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
-from journal import AgentStore, ConversationRow, RelationRow, Spent, TokenRow, now_ms
+from journal import AgentStore, ConversationRow, RelationRow, Spent, StoredMessage, TokenRow, now_ms
 
 from ..errors import NotFound, RunnerError, Unauthorized
 from ._conversation import Conversation, chat_message
@@ -135,6 +135,15 @@ class Platform:
         ):
             raise NotFound(f"no conversation {conversation_id!r}")
         return row
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRow | None:
+        """The stored conversation, deleted or not; ``None`` if there never was one."""
+        return await self.store.get_conversation(conversation_id)
+
+    async def transcript(self, conversation_id: str) -> list[StoredMessage]:
+        """What the person and the agent said, in order (summaries leave it whole)."""
+        stored = await self.store.load_messages(conversation_id)
+        return [m for m in stored if m.role in ("user", "assistant") and m.content]
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         return await self.store.delete_conversation(conversation_id)

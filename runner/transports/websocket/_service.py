@@ -62,7 +62,6 @@ class AgentSocketService:
             credit_pool=setup.credit_pool,
             token_turns_per_minute=setup.token_turns_per_minute,
         )
-        self.store = store
         self.agent = setup.agent
         self.agent_id = self.platform.agent_id
         self.api_key = setup.api_key
@@ -170,7 +169,7 @@ class AgentSocketService:
         problem = token_problem(row)
         if problem is not None:
             raise CloseSocket(*_TOKEN_CLOSES[problem])
-        conversation = await self.store.get_conversation(auth.session_id)
+        conversation = await self.platform.get_conversation(auth.session_id)
         if conversation is None:
             raise CloseSocket(4008, "unknown conversation")
         if conversation.deleted_at is not None:
