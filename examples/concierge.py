@@ -1,7 +1,8 @@
 """The built-in agent: a hotel concierge that works offline.
 
-It speaks with espeak-ng, hears with pocketsphinx and thinks with the deterministic local
-model, so ``runner serve`` needs no network and no keys. It shows most of the authoring
+It speaks with hibari's neural voice, hears with Whisper tiny.en (both inside their
+wheels) and thinks with the deterministic local model, so ``runner serve`` needs no
+network and no keys. It shows most of the authoring
 API: instructions computed from the call, tools (one unlocked by a message), a skill, an
 experiment on the greeting, client context, messages both ways and live settings.
 """
@@ -25,8 +26,8 @@ agent = Agent(
         "The spa is open from nine in the morning to nine in the evening."
     ),
     llm=LLM(provider="local", model="local"),
-    tts=TTS(provider="espeak", voice="en"),
-    stt=STT(provider="pocketsphinx", language="en"),
+    tts=TTS(provider="hibari", voice="heart"),
+    stt=STT(provider="whisper", language="en"),
     greeting=lambda ctx: GREETINGS[ctx.experiment.greeting].format(event=ctx.client.event or "your stay"),
     adjustable={"client": ["tts.voice"], "host": ["tts.voice", "stt.language", "llm"]},
     experiments={"greeting": {"casual": 1, "formal": 1}},

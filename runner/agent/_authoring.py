@@ -317,6 +317,9 @@ class Agent(_Parts):
             asks for them (``thoughts: true``); ``"off"``: never.
         compact_after_words: Compact a conversation into a summary once the words of its
             messages since the last summary pass this budget; ``None``: never.
+        vad: How the agent tells the caller's speech from the rest: ``"silero"`` (the
+            Silero VAD model, the default) or ``"energy"`` (frame energy, the light option).
+        end_of_turn_silence_ms: How long the caller must be quiet before their turn ends.
     """
 
     def __init__(
@@ -339,10 +342,18 @@ class Agent(_Parts):
         relations: bool = False,
         thinking_summaries: Literal["auto", "off"] = "off",
         compact_after_words: int | None = None,
+        vad: Literal["silero", "energy"] = "silero",
+        end_of_turn_silence_ms: int = 500,
     ) -> None:
         super().__init__(instructions)
         if not name:
             raise AuthoringError("an agent needs a name")
+        if vad not in ("silero", "energy"):
+            raise AuthoringError("vad must be 'silero' or 'energy'")
+        if not 100 <= end_of_turn_silence_ms <= 5000:
+            raise AuthoringError("end_of_turn_silence_ms must be within 100..5000")
+        self.vad = vad
+        self.end_of_turn_silence_ms = end_of_turn_silence_ms
         if knowledge not in (None, "first", "tool"):
             raise AuthoringError("knowledge must be 'first', 'tool' or None")
         if thinking_summaries not in ("auto", "off"):

@@ -45,6 +45,7 @@ from ..voice.engine import (
     TurnResult,
 )
 from ..voice.listener import Listener, SpeechEnded, SpeechStarted
+from ..voice.vad import silero_models
 from ..wire import EffectiveSettings, HostMessage, Issue, WireError, decode, encode, parse_json
 from ._authoring import Agent, AppTool, Offer, Sender, call_maybe_async, check_key
 from ._context import Context, HostTimeoutError, HostUnavailableError
@@ -200,13 +201,21 @@ async def warm_up(agent: Agent) -> None:
     hearing = [build("STT", spec) for spec in _named(agent.stt, agent, "stt")]
     if problems:
         raise WarmUpFailed(f"agent {agent.name!r}: " + "; ".join(problems))
-    for provider in voices:
-        if provider is not None and provider.provider == "espeak":
-            async for _ in provider.synthesize("ready"):
-                pass
-    for provider in hearing:
-        if provider is not None and hasattr(provider, "warm_up"):
-            await provider.warm_up()
+    for kind, provider in [*(("TTS", p) for p in voices), *(("STT", p) for p in hearing)]:
+        try:
+            if hasattr(provider, "warm_up"):
+                # The embedded engines load (and check) their models now, not on the first call.
+                await provider.warm_up()
+            elif provider is not None and provider.provider == "espeak":
+                async for _ in provider.synthesize("ready"):
+                    pass
+        except ProviderError as exc:
+            problems.append(f"{kind} provider {provider.provider!r} cannot warm up: {exc}")
+    if problems:
+        raise WarmUpFailed(f"agent {agent.name!r}: " + "; ".join(problems))
+    if agent.stt is not None and agent.vad == "silero":
+        # The first call's detector is loaded now, not on its first audio frame.
+        await trio.to_thread.run_sync(silero_models.fill, 1)
 
 
 def _named(own: Any, agent: Agent, attr: str) -> list[Any]:
@@ -727,7 +736,13 @@ class AgentRuntime:
         self.session = session
         session.set_request_handler(self.handle_client_request)
         _, _, stt = self.current()
-        self._listener = Listener(self._providers.stt(stt)) if stt is not None else None
+        self._listener = (
+            Listener(
+                self._providers.stt(stt), vad=self.agent.vad, silence_ms=self.agent.end_of_turn_silence_ms
+            )
+            if stt is not None
+            else None
+        )
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._serve_outbox)
@@ -744,6 +759,8 @@ class AgentRuntime:
         finally:
             self._accepting = False
             self._release_asks()
+            if self._listener is not None:
+                self._listener.close()
 
     def _queue_turn(self, text: str | None, **options: Any) -> None:
         self._queued += 1

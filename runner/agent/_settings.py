@@ -41,7 +41,8 @@ class LLM:
 
 @attrs.frozen(kw_only=True)
 class TTS:
-    """A voice: ``provider`` is ``espeak`` (offline), ``openai`` or ``kugelaudio``."""
+    """A voice: ``provider`` is ``hibari`` (offline, neural, English), ``espeak`` (offline, light,
+    many languages), ``openai`` or ``kugelaudio``."""
 
     provider: str
     voice: str | int | None = None
@@ -50,7 +51,8 @@ class TTS:
 
 @attrs.frozen(kw_only=True)
 class STT:
-    """A recognizer: ``provider`` is ``pocketsphinx`` (offline), ``openai`` or ``azure``."""
+    """A recognizer: ``provider`` is ``whisper`` (offline, Whisper tiny.en), ``pocketsphinx``
+    (offline, light), ``openai`` or ``azure``."""
 
     provider: str
     language: str | None = None

@@ -116,6 +116,14 @@ def _voice_issue(tts: TTS | None, voice: Any) -> str | None:
         if not isinstance(voice, str) or not EspeakTTS.supports_voice(voice):
             return f"espeak has no voice {voice!r}"
         return None
+    if tts.provider == "hibari":
+        from ..providers.hibari import HibariTTS
+
+        if not HibariTTS.supports_voice(voice):
+            return (
+                f"hibari has no voice {voice!r} here; this runner offers {', '.join(HibariTTS.list_voices())}"
+            )
+        return None
     if tts.provider == "openai" and voice not in _OPENAI_VOICES:
         return f"OpenAI speech has no voice {voice!r}"
     return None
@@ -131,6 +139,11 @@ def _language_issue(stt: STT | None, language: Any) -> str | None:
 
         if not PocketsphinxSTT.supports_language(language):
             return f"the offline recognizer takes no language but English, not {language!r}"
+    if stt.provider == "whisper":
+        from ..providers.whisper import WhisperSTT
+
+        if not WhisperSTT.supports_language(language):
+            return f"the offline recognizer (Whisper tiny.en) takes no language but English, not {language!r}"
     return None
 
 
@@ -179,8 +192,10 @@ def check_update(
             issues.append(Issue(path=["tts", "model"], message="must be a non-empty string"))
         elif tts is None:
             issues.append(Issue(path=["tts", "model"], message="this agent has no voice"))
-        elif tts.provider == "espeak":
-            issues.append(Issue(path=["tts", "model"], message="espeak has no models to choose from"))
+        elif tts.provider in ("espeak", "hibari"):
+            issues.append(
+                Issue(path=["tts", "model"], message=f"{tts.provider} has no models to choose from")
+            )
         changes["tts_model"] = tts_update["model"]
     stt_section = raw.get("stt")
     stt_update: dict[str, Any] = stt_section if isinstance(stt_section, dict) else {}

@@ -2,7 +2,8 @@
 
 The shapes every provider speaks come from ``_types``; each service lives in its own module.
 ``make_llm``, ``make_stt`` and ``make_tts`` build providers from configuration. The offline speech engines
-(``EspeakTTS``, ``PocketsphinxSTT``) load native libraries, so they are imported on first use.
+(``HibariTTS`` and ``WhisperSTT``, the embedded defaults; ``EspeakTTS`` and ``PocketsphinxSTT``, the light
+options) load native libraries and models, so they are imported on first use.
 """
 
 import importlib as _importlib
@@ -31,17 +32,24 @@ from .openai import OpenAITTS as OpenAITTS
 
 if _typing.TYPE_CHECKING:
     from .espeak import EspeakTTS as EspeakTTS
+    from .hibari import HibariTTS as HibariTTS
     from .pocketsphinx import PocketsphinxSTT as PocketsphinxSTT
+    from .whisper import WhisperSTT as WhisperSTT
 
 #: The providers ``make_llm`` knows.
 LLM_PROVIDERS = ("openai", "anthropic", "openai-compatible", "local")
 #: The providers ``make_tts`` knows.
-TTS_PROVIDERS = ("espeak", "openai", "kugelaudio")
+TTS_PROVIDERS = ("hibari", "espeak", "openai", "kugelaudio")
 #: The providers ``make_stt`` knows.
-STT_PROVIDERS = ("pocketsphinx", "openai", "azure")
+STT_PROVIDERS = ("whisper", "pocketsphinx", "openai", "azure")
 
 #: Names whose modules load native engines: imported on first use.
-_LAZY = {"EspeakTTS": ".espeak", "PocketsphinxSTT": ".pocketsphinx"}
+_LAZY = {
+    "EspeakTTS": ".espeak",
+    "HibariTTS": ".hibari",
+    "PocketsphinxSTT": ".pocketsphinx",
+    "WhisperSTT": ".whisper",
+}
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -107,10 +115,12 @@ def make_tts(provider: str, *, voice: str | int | None = None, model: str | None
     a missing key surfaces as ``ProviderError("unauthorized")`` on the first call.
 
     Args:
-        provider: ``"espeak"`` (offline), ``"openai"`` or ``"kugelaudio"``.
-        voice: The voice: an espeak voice name (default ``"en"``), an OpenAI voice name
-            (default ``"alloy"``), or a KugelAudio numeric voice id (required).
-        model: The speech model (ignored by espeak); the provider's default when ``None``.
+        provider: ``"hibari"`` (offline, neural, English: the embedded default), ``"espeak"``
+            (offline, light, many languages), ``"openai"`` or ``"kugelaudio"``.
+        voice: The voice: a hibari voice inside its wheel (default ``"heart"``), an espeak
+            voice name (default ``"en"``), an OpenAI voice name (default ``"alloy"``), or a
+            KugelAudio numeric voice id (required).
+        model: The speech model (ignored by hibari and espeak); the provider's default when ``None``.
 
     Returns:
         An object implementing ``TTS``.
@@ -119,6 +129,10 @@ def make_tts(provider: str, *, voice: str | int | None = None, model: str | None
         ProviderError: ``invalid_settings`` for a voice the provider cannot use.
         ValueError: for a provider with no TTS here.
     """
+    if provider == "hibari":
+        from .hibari import HibariTTS
+
+        return HibariTTS(voice)
     if provider == "espeak":
         from .espeak import EspeakTTS
 
@@ -138,9 +152,10 @@ def make_stt(provider: str, *, language: str | None = None) -> STT:
     """Build the speech-to-text engine a configuration names.
 
     Args:
-        provider: ``"pocketsphinx"`` (offline, English only), ``"openai"`` or ``"azure"``
+        provider: ``"whisper"`` (offline, Whisper tiny.en, English only: the embedded default),
+            ``"pocketsphinx"`` (offline, light, English only), ``"openai"`` or ``"azure"``
             (region from ``AZURE_SPEECH_REGION``, key from ``AZURE_SPEECH_KEY``).
-        language: The language: ``"en"`` for pocketsphinx, an ISO-639-1 hint (or ``None``
+        language: The language: ``"en"`` for whisper and pocketsphinx, an ISO-639-1 hint (or ``None``
             to detect) for OpenAI, a locale such as ``"de-DE"`` for Azure (default
             ``"en-US"``; a bare ``"de"`` means ``"de-DE"``).
 
@@ -152,6 +167,10 @@ def make_stt(provider: str, *, language: str | None = None) -> STT:
             Azure without a region.
         ValueError: for a provider with no STT here.
     """
+    if provider == "whisper":
+        from .whisper import WhisperSTT
+
+        return WhisperSTT(language)
     if provider == "pocketsphinx":
         from .pocketsphinx import PocketsphinxSTT
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 
 from ..providers import STT
-from .vad import EnergyVad
+from .vad import Vad, make_vad
 
 # Keep a little audio from before the detector was sure, so the first syllable is heard.
 _PREROLL_MS = 300
@@ -37,12 +37,19 @@ Heard = SpeechStarted | SpeechEnded
 
 
 class Listener:
-    """One caller's ear. ``silence_ms`` of quiet ends an utterance."""
+    """One caller's ear. ``silence_ms`` of quiet ends an utterance.
 
-    def __init__(self, stt: STT, *, silence_ms: int = 500) -> None:
+    Args:
+        stt: The recognizer.
+        vad: The detector, by name (see :data:`~runner.voice.vad.VAD_KINDS`).
+        silence_ms: The end-of-turn silence.
+    """
+
+    def __init__(self, stt: STT, *, vad: str = "silero", silence_ms: int = 500) -> None:
         self._stt = stt
+        self._vad_kind = vad
         self._silence_ms = silence_ms
-        self._vad: EnergyVad | None = None
+        self._vad: Vad | None = None
         self._rate = 0
         self._recent = b""
         self._speech = bytearray()
@@ -54,7 +61,9 @@ class Listener:
     def feed(self, pcm: bytes, sample_rate_hz: int) -> list[Heard]:
         """Take one frame; return what it completed (a start, and or an utterance)."""
         if self._vad is None or sample_rate_hz != self._rate:
-            self._vad = EnergyVad(sample_rate_hz, silence_ms=self._silence_ms)
+            if self._vad is not None:
+                self._vad.close()
+            self._vad = make_vad(self._vad_kind, sample_rate_hz, silence_ms=self._silence_ms)
             self._rate = sample_rate_hz
             self._recent = b""
             self._speech.clear()
@@ -71,7 +80,7 @@ class Listener:
                 self._speech = bytearray(self._recent)
                 self._recent = b""
                 heard.append(SpeechStarted(at_ms=event.at_ms))
-            else:
+            elif event.kind == "speech_ended":
                 heard.append(self._finish())
         return heard
 
@@ -80,6 +89,12 @@ class Listener:
         if self._vad is not None and self._vad.flush():
             return [self._finish()]
         return []
+
+    def close(self) -> None:
+        """The call ended: give the detector's model back."""
+        if self._vad is not None:
+            self._vad.close()
+            self._vad = None
 
     def _finish(self) -> SpeechEnded:
         audio, self._speech = bytes(self._speech), bytearray()

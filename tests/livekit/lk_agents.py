@@ -1,8 +1,8 @@
 """Agents the LiveKit tests start runners with: ``runner serve tests/livekit/lk_agents.py:NAME``.
 
-Offline and deterministic: espeak-ng speaks, pocketsphinx hears, the local rule-based model
-answers. The instructions hold the sentences the local model can answer with, chosen so
-pocketsphinx transcribes them well in espeak's clear US voice.
+Offline and deterministic: the embedded defaults speak (hibari) and hear (Whisper tiny.en,
+Silero VAD), the local rule-based model answers with sentences of its instructions. Agents
+that only exchange messages keep espeak-ng, the light voice.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ agent = Agent(
     "lk-test",
     instructions=f"{REPLY} The garden room serves breakfast from seven to eleven.",
     llm=LLM(provider="local", model="local"),
-    tts=TTS(provider="espeak", voice="en"),
-    stt=STT(provider="pocketsphinx", language="en"),
+    tts=TTS(provider="hibari", voice="heart"),
+    stt=STT(provider="whisper", language="en"),
     greeting="Hello there.",
     adjustable={"client": ["tts.voice"], "host": ["tts.voice", "stt.language", "llm"]},
     state=lambda: {"pings": 0},
@@ -71,8 +71,8 @@ talker = Agent(
     "lk-talker",
     instructions=f"{REPLY}",
     llm=LLM(provider="local", model="local"),
-    tts=TTS(provider="espeak", voice="en-us+f2"),
-    stt=STT(provider="pocketsphinx", language="en"),
+    tts=TTS(provider="hibari", voice="heart"),
+    stt=STT(provider="whisper", language="en"),
     greeting=(
         "Welcome to the long greeting of this test. It goes on for a while on purpose. "
         "It tells you about the garden room and the breakfast served there every morning. "

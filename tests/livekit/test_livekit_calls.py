@@ -22,13 +22,14 @@ from lk_harness import LiveKitEnv, LiveKitServer, Peer, PeerError, find_livekit_
 from lk_runner import AGENT_IDENTITY, REPO, agent_spec, open_runner
 
 from runner.providers.espeak import EspeakTTS
-from runner.providers.pocketsphinx import PocketsphinxSTT
+from runner.providers.whisper import WhisperSTT
 from runner.transports.livekit import RECONNECT_LIMIT_S
 
 pytestmark = [pytest.mark.livekit, pytest.mark.slow]
 
-# espeak's US English f2 voice is the one the wheel's pocketsphinx model hears best.
+# The caller speaks with espeak's US English f2 voice; the agent with hibari's "heart".
 CLEAR_VOICE = "en-us+f2"
+AGENT_VOICE = "heart"
 SENTENCE = "Thank you very much, my name is John."
 PROBE = Path(__file__).with_name("lk_transport_probe.py")
 
@@ -101,8 +102,8 @@ async def test_a_host_call_in_a_livekit_room(livekit: LiveKitEnv, tmp_path: Path
         assert too_large["code"] == "payload_too_large"
         not_adjustable = await expect_refused(caller, "agent_update", settings={"stt": {"language": "de"}})
         assert (not_adjustable["code"], not_adjustable["path"]) == ("not_adjustable", "stt.language")
-        updated = await caller.request("agent_update", settings={"tts": {"voice": CLEAR_VOICE}})
-        assert updated["settings"]["tts"]["voice"] == CLEAR_VOICE
+        updated = await caller.request("agent_update", settings={"tts": {"voice": AGENT_VOICE}})
+        assert updated["settings"]["tts"]["voice"] == AGENT_VOICE
         await caller.request("agent_close")
 
         # The same wire with the plain SDK, as the seed's livekit-client example does it.
@@ -148,7 +149,7 @@ async def test_a_host_call_in_a_livekit_room(livekit: LiveKitEnv, tmp_path: Path
             timeout=30,
         )
         assert reply["first_loud_at"] > said["ended_at"] - 1.5
-        heard = await PocketsphinxSTT().transcribe(Path(reply["path"]).read_bytes(), reply["rate"])
+        heard = await WhisperSTT().transcribe(Path(reply["path"]).read_bytes(), reply["rate"])
 
         # A transfer target joins: the agent stops; it leaves: the agent takes the call back.
         async with livekit.peer("desk", room, attributes={"curb.role": "transfer_target"}) as desk:
@@ -319,8 +320,9 @@ async def test_the_caller_talks_over_the_agent_and_its_voice_stops(
         assert (await host.stop_call("barge")).status == 200
         records = await host.read_call("barge")
 
-    assert quiet["last_loud_at"] is not None
-    stopped_after = quiet["last_loud_at"] - speech_started
+    # None: not one loud frame after the caller began (the barge-in fell between two of the
+    # voice's sentences, whose gap is about 0.75 s); a voice that went on would be loud again.
+    stopped_after = (quiet["last_loud_at"] or speech_started) - speech_started
     assert stopped_after < 1.5, f"the agent talked on for {stopped_after:.2f} s"
     greeting, *rest = turns(records, "assistant")
     assert greeting["interrupted"] and greeting["reason"] == "barge_in", greeting
@@ -430,7 +432,6 @@ async def test_the_transport_alone(livekit: LiveKitEnv, tmp_path: Path) -> None:
             # The clear stops the tone: it was published for 1 s of its 4.
             assert played["returned_at"] - played["cleared_at"] < 0.5
             quiet = await caller.request("wait_quiet", after=played["started_at"], quiet_ms=1000, within=8)
-            assert quiet["last_loud_at"] is not None
             assert quiet["last_loud_at"] - played["cleared_at"] < 0.6
             # The caller's microphone reaches the session as 48 kHz mono PCM.
             await caller.request("play", path=str(await tone_file(tmp_path)), rate=48_000)

@@ -3,7 +3,7 @@ import pytest
 
 from runner.providers.espeak import EspeakTTS
 from runner.voice.audio import frames
-from runner.voice.vad import EnergyVad, VadEvent
+from runner.voice.vad import VAD_KINDS, EnergyVad, SileroVad, VadEvent, make_vad
 
 RATE = 22_050
 
@@ -127,3 +127,73 @@ def test_settings_are_checked() -> None:
         EnergyVad(16_000, start_margin_db=6, stop_margin_db=10)
     with pytest.raises(ValueError):
         EnergyVad(0)
+
+
+# --- Silero VAD (the default) ---------------------------------------------------------
+
+
+def run_silero(vad: SileroVad, pcm: bytes, chunk_ms: int = 20) -> list[VadEvent]:
+    events: list[VadEvent] = []
+    for frame in frames(pcm, RATE, chunk_ms):
+        events.extend(vad.feed(frame))
+    return events
+
+
+def tone(seconds: float, freqs: tuple[float, ...], dbfs: float = -20.0) -> bytes:
+    t = np.arange(int(RATE * seconds)) / RATE
+    x = sum(np.sin(2 * np.pi * f * t) for f in freqs) / len(freqs) * 32768 * 10 ** (dbfs / 20) * 1.41
+    return np.clip(np.rint(x), -32768, 32767).astype("<i2").tobytes()
+
+
+async def test_silero_finds_one_utterance_in_noise_at_any_rate() -> None:
+    voice = await speech("Please call me tomorrow morning, the weather is sunny today.")
+    clip = mix(bytes(RATE * 2) + voice + bytes(RATE * 3), noise((len(voice) / 2 + RATE * 2.5) / RATE, -40.0))
+    onset, offset = voiced_span_ms(voice)
+    vad = SileroVad(RATE, silence_ms=500)  # 22,050 Hz goes through soxr to the model's 16 kHz
+    events = run_silero(vad, clip)
+    assert [e.kind for e in events] == ["speech_started", "speech_ended"]
+    assert abs(events[0].at_ms - (1000 + onset)) <= 120
+    assert abs(events[1].at_ms - (1000 + offset)) <= 200
+    vad.close()
+
+
+def test_silero_hears_no_speech_in_noise_clicks_a_chord_or_a_burst() -> None:
+    click = np.zeros(RATE, "<i2")
+    for at in range(RATE // 10, RATE, RATE // 5):
+        click[at : at + RATE // 200] = 20_000  # 5 ms clicks, five a second
+    burst = bytes(RATE) + noise(0.3, -10.0, seed=3) + bytes(RATE)
+    clips = {
+        "loud-steady-noise": noise(3.0, -20.0),
+        "clicks": click.tobytes() * 2,
+        "chord": bytes(RATE) + tone(1.5, (261.6, 329.6, 392.0)) + bytes(RATE),
+        "burst": burst,
+    }
+    for name, clip in clips.items():
+        vad = SileroVad(RATE)
+        assert run_silero(vad, clip) == [], name
+        vad.close()
+    # The energy detector hears speech in the chord and the burst: the reason Silero is the default.
+    assert [e.kind for e in run(EnergyVad(RATE), clips["chord"])][:1] == ["speech_started"]
+    assert [e.kind for e in run(EnergyVad(RATE), clips["burst"])][:1] == ["speech_started"]
+
+
+async def test_silero_reports_pauses_inside_speech_before_its_end() -> None:
+    one = await speech("Thank you very much.")
+    two = await speech("My name is John.")
+    clip = bytes(RATE) + one + bytes(int(RATE * 0.8)) + two + bytes(RATE * 4)  # a 0.4 s gap
+    vad = SileroVad(RATE, silence_ms=1500, pause_ms=200)
+    kinds = [e.kind for e in run_silero(vad, clip)]
+    assert kinds == ["speech_started", "pause", "resumed", "pause", "speech_ended"]
+    vad.close()
+    with pytest.raises(RuntimeError):
+        vad.feed(bytes(640))
+
+
+def test_make_vad_names_the_detectors() -> None:
+    assert VAD_KINDS == ("silero", "energy")
+    silero = make_vad("silero", 48_000, silence_ms=700)
+    assert isinstance(silero, SileroVad) and silero.silence_ms == 700
+    silero.close()
+    assert isinstance(make_vad("energy", 16_000), EnergyVad)
+    with pytest.raises(ValueError, match="unknown VAD 'webrtc'"):
+        make_vad("webrtc", 16_000)

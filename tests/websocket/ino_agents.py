@@ -18,17 +18,16 @@ INSTRUCTIONS = (
 GREETING = "Welcome to Hotel Lumen."
 FORECASTS = {"lisbon": "sunny and 24 degrees", "oslo": "snowing"}
 
-# espeak's US English with the f2 variant is the voice pocketsphinx's model hears best
-# (see tests/providers/test_offline_speech.py), so what the agent says can be heard back.
+# espeak's US English with the f2 variant: the light voice, for agents that need no better.
 CLEAR_VOICE = "en-us+f2"
 
-# Speaks with espeak-ng, hears with pocketsphinx; greets every new conversation.
+# Speaks and hears with the embedded defaults (hibari, Whisper); greets every new conversation.
 speaking = Agent(
     "ino-speaking",
     instructions=INSTRUCTIONS,
     llm=LLM(provider="local", model="local"),
-    tts=TTS(provider="espeak", voice=CLEAR_VOICE),
-    stt=STT(provider="pocketsphinx", language="en"),
+    tts=TTS(provider="hibari", voice="heart"),
+    stt=STT(provider="whisper", language="en"),
     greeting=GREETING,
     adjustable={"host": ["tts.voice", "llm"]},
 )

@@ -1,8 +1,8 @@
-"""Recordings on the agent WebSocket, offline end to end: espeak-ng speech in, pocketsphinx
-hearing it, the agent's reply spoken back and heard again.
+"""Recordings on the agent WebSocket, offline end to end: espeak-ng speech in, Whisper
+hearing it, the agent's reply spoken back by hibari and heard again.
 
-The person's voice is real speech from espeak-ng (the voice pocketsphinx hears best), sent
-as 16 kHz PCM in 100 ms binary frames at twice real time, the way a microphone client sends.
+The person's voice is real speech from espeak-ng, sent as 16 kHz PCM in 100 ms binary
+frames at twice real time, the way a microphone client sends.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from runner.providers.espeak import EspeakTTS
-from runner.providers.pocketsphinx import PocketsphinxSTT
+from runner.providers.whisper import WhisperSTT
 from runner.voice.audio import resample_s16le
 
 from .ino_agents import CLEAR_VOICE
@@ -51,11 +51,9 @@ async def test_a_spoken_turn_end_to_end(speaking: Addresses) -> None:
     pcm = await speech()
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id) as sock:
-        await sock.send(
-            "user_audio.start", rate=RATE, recording_id="take-1", language="en", model="pocketsphinx"
-        )
+        await sock.send("user_audio.start", rate=RATE, recording_id="take-1", language="en", model="whisper")
         await send_audio(sock, pcm)
-        # The person is still "speaking": partial transcripts arrive before the end.
+        # The person is still "speaking": a partial transcript arrives at the pause before the end.
         partials = await sock.until_type("heard.partial")
         await sock.send("user_audio.end")
         frames = partials + await sock.turn_end(timeout=30)
@@ -80,10 +78,14 @@ async def test_a_spoken_turn_end_to_end(speaking: Addresses) -> None:
         rate = next(f for f in frames if f["type"] == "audio.start")["sample_rate"]
         reply_pcm = _turn_audio(sock, done["turn"])
         assert len(reply_pcm) == sum(f["bytes"] for f in frames if f["type"] == "audio.end")
-        transcript = await PocketsphinxSTT("en").transcribe(reply_pcm, rate)
-        said = set(done["message"].lower().replace(":", " ").replace(",", " ").replace(".", " ").split())
-        assert len(said & set(transcript.text.split())) >= 0.6 * len(said), (transcript.text, done["message"])
+        transcript = await WhisperSTT("en").transcribe(reply_pcm, rate)
+        said = _words(done["message"])
+        assert len(said & _words(transcript.text)) >= 0.8 * len(said), (transcript.text, done["message"])
         sock.checker.finish()
+
+
+def _words(text: str) -> set[str]:
+    return set(text.lower().replace(":", " ").replace(",", " ").replace(".", " ").split())
 
 
 def _turn_audio(sock: InoSocket, turn: str) -> bytes:
@@ -126,9 +128,8 @@ async def test_transcribe_only_returns_the_words_with_its_recording_id_and_takes
 async def test_a_fourth_transcribe_only_in_flight_is_rate_limited_and_its_recording_stays_open(
     speaking: Addresses,
 ) -> None:
-    # 8 kHz keeps the four recordings small, so they reach the runner together: pocketsphinx
-    # holds the GIL while it decodes, and a recording that trickled in behind a decode
-    # could find the first one already done.
+    # 8 kHz keeps the four recordings small, so they reach the runner together: a recording
+    # that trickled in behind a decode could find the first one already done.
     pcm = await speech(rate=8000)
     token, session_id = await speaking.api().person()
     async with connect(speaking, token, session_id) as sock:
@@ -269,12 +270,12 @@ async def test_validation_failed_for_a_rate_model_or_language_the_socket_does_no
             ),
             (
                 {"model": "scribe_v2", "recording_id": "m"},
-                "that model is not available here; this agent transcribes with 'pocketsphinx'",
+                "that model is not available here; this agent transcribes with 'whisper'",
                 "m",
             ),
             (
                 {"language": "fr", "recording_id": "l1"},
-                "language: pocketsphinx has only an English model, not 'fr'",
+                "language: whisper tiny.en hears only English, not 'fr'",
                 "l1",
             ),
             (

