@@ -58,7 +58,9 @@ def test_streaming_resampler_matches_whole_clip_resampling() -> None:
     resampler = Resampler(44_100, 16_000)
     pieces = [resampler.process(pcm[i : i + 1_234]) for i in range(0, len(pcm), 1_234)]
     pieces.append(resampler.flush())
-    assert b"".join(pieces) == resample_s16le(pcm, 44_100, 16_000)
+    streamed, whole = samples(b"".join(pieces)), samples(resample_s16le(pcm, 44_100, 16_000))
+    assert streamed.size == whole.size == math.ceil(len(pcm) / 2 * 16_000 / 44_100)
+    assert np.max(np.abs(streamed - whole)) <= 2  # soxr works in blocks: the last bit may differ
 
 
 def test_same_rate_is_unchanged_and_odd_bytes_are_refused() -> None:

@@ -50,6 +50,11 @@ def test_any_delta_size_gives_the_same_pieces(step: int | None) -> None:
         "It is a short walk, i.e. five minutes at most. ",
         "Our rooms in the U.S. are all non-smoking. ",
         "The fee is 3.5 euros per night for each guest. ",
+        # Beyond a hand-written list: pysbd knows these.
+        "Prof. Brown will see you now in the hall. ",
+        "Your room is No. 5 on the second floor. ",
+        "We open on Jan. 5 at the usual hour. ",
+        "Call Capt. Smith at the front desk today. ",
     ],
 )
 def test_abbreviations_and_decimals_do_not_end_a_sentence(text: str) -> None:
