@@ -86,7 +86,7 @@ async def test_spoken_console_writes_the_replies_to_a_wav(tmp_path: Path) -> Non
     assert f"speech written to {target}" in out
     assert "first audio" in out
     with wave.open(str(target), "rb") as audio:
-        assert (audio.getnchannels(), audio.getsampwidth(), audio.getframerate()) == (1, 2, 22_050)
+        assert (audio.getnchannels(), audio.getsampwidth(), audio.getframerate()) == (1, 2, 24_000)
         seconds = audio.getnframes() / audio.getframerate()
         pcm = audio.readframes(audio.getnframes())
     # A greeting and an answer of some twenty words: several seconds of audible speech.

@@ -35,10 +35,12 @@ class SentenceChunker:
 
     def _complete(self) -> list[str]:
         """The buffer's sentences that are surely over, as written (spaces included)."""
-        text = self._buffer
+        # A sentence longer than max_chars is cut anyway, so pysbd (whose cost grows with the
+        # text) only reads the buffer's start.
+        text = self._buffer[: 2 * self._max]
         if not _MAYBE_END.search(text):
             return []
-        probed = text[-1].isspace()
+        probed = len(text) == len(self._buffer) and text[-1].isspace()
         segments: list[str] = self._segmenter.segment(text + _PROBE if probed else text)
         # The last segment may go on; with the probe it is the probe's, and holds text only
         # when the sentence before it was not over.

@@ -131,3 +131,14 @@ def test_flush_gives_back_the_unfinished_rest_once() -> None:
     assert chunker.flush() == []
     # After a flush the chunker starts clean.
     assert chunker.feed("A brand new sentence. ") == ["A brand new sentence."]
+
+
+
+def test_a_long_run_then_a_sentence_end() -> None:
+    # Only the buffer's start goes to pysbd (its cost grows with the text): a long run is
+    # cut at max_chars until the sentence's end is within reach, then ends there.
+    text = "y" * 5_000 + " and that is all. Done now."
+    pieces = pieces_of(text, step=50)
+    assert pieces[-2].endswith("y and that is all.") and pieces[-1] == "Done now."
+    assert all(len(p) == 220 for p in pieces[:-3])
+    assert "".join(pieces).replace(" ", "") == text.replace(" ", "")

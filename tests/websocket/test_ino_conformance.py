@@ -49,7 +49,7 @@ async def test_ready_has_every_field_and_the_greeting_turn_is_already_running(sp
             "agent_id": session["agent_id"],
             "end_user_id": "eu-ready",
             "speaks": True,
-            "audio": {"codec": "pcm_s16le", "sample_rate": 22050, "channels": 1},
+            "audio": {"codec": "pcm_s16le", "sample_rate": 24000, "channels": 1},
             "hearing": {"codec": "pcm_s16le", "sample_rate": 16000, "channels": 1},
             "emotion": False,
             "relation": None,
