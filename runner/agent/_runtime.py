@@ -44,7 +44,8 @@ from ..voice.engine import (
     TurnPlan,
     TurnResult,
 )
-from ..voice.listener import Listener, SpeechEnded, SpeechStarted
+from ..voice.listener import Listener, SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
+from ..voice.preempt import Preempted, PrefetchedReply, Speculation, early_messages
 from ..voice.vad import silero_models
 from ..wire import EffectiveSettings, HostMessage, Issue, WireError, decode, encode, parse_json
 from ._authoring import Agent, AppTool, Offer, Sender, call_maybe_async, check_key
@@ -273,9 +274,13 @@ class AgentRuntime:
         self._listener: Listener | None = None
         self._turns_send, self._turns = trio.open_memory_channel[tuple[str, dict[str, Any]]](math.inf)
         # Each utterance with when it ended (time.monotonic()), for the turn's latency.
-        self._speech_send, self._speech = trio.open_memory_channel[tuple[SpeechEnded, float]](math.inf)
+        self._speech_send, self._speech = trio.open_memory_channel[tuple[SpeechEnded | Speculation, float]](
+            math.inf
+        )
         # Made inside the call's task, whose span (if tracing) is the call's: each turn's parent.
         self._call_span = current_span()
+        # The transcript being decoded at the caller's last pause, while they may go on.
+        self._speculation: Speculation | None = None
         self._queued = 0
         self._idle = trio.Event()
         self._idle.set()
@@ -570,6 +575,7 @@ class AgentRuntime:
         thoughts: bool = False,
         span: Any = None,
         speech_ended_at: float | None = None,
+        prefetched: PrefetchedReply | None = None,
     ) -> TurnResult | None:
         """Run one turn (waiting for the one before it); ``None`` once the call stopped taking turns.
 
@@ -589,6 +595,8 @@ class AgentRuntime:
             span: The turn's trace span, when it was started before (a spoken turn's transcription).
             speech_ended_at: ``time.monotonic()`` when the person stopped speaking, for the
                 first-audio latency (default: now, when the turn is asked for).
+            prefetched: The model's reply, asked for before the turn ended (a spoken
+                turn's preemptive generation); used if the turn asks the same.
         """
         asked_at = speech_ended_at if speech_ended_at is not None else time.monotonic()
         if span is None:
@@ -607,6 +615,7 @@ class AgentRuntime:
                 thoughts=thoughts,
                 span=span,
                 asked_at=asked_at,
+                prefetched=prefetched,
             )
         finally:
             if span is not None:
@@ -627,6 +636,7 @@ class AgentRuntime:
         thoughts: bool,
         span: Any,
         asked_at: float,
+        prefetched: PrefetchedReply | None,
     ) -> TurnResult | None:
         if not self._accepting:
             return None
@@ -638,7 +648,10 @@ class AgentRuntime:
             return None
         offered = {t.name: t for t in self.offer().app_tools}
         self._turn_app_tools = tuple(offered[name] for name in app_tools if name in offered)
-        turn = Turn(self._plan(speech=speech), self.history, self._emit, turn_id=turn_id)
+        plan = self._plan(speech=speech)
+        if prefetched is not None:
+            plan = attrs.evolve(plan, llm=Preempted(plan.llm, prefetched))
+        turn = Turn(plan, self.history, self._emit, turn_id=turn_id)
         self._turn = turn
         self._turn_done = trio.Event()
         run_first: Sequence[ToolCall] = ()
@@ -775,13 +788,25 @@ class AgentRuntime:
             entered = enter_span(span)
             queued = False
             try:
-                with stage("stt", self._providers.stt(self.current()[2])):
-                    heard = await self._listener.transcribe(speech)
+                if isinstance(speech, Speculation):
+                    # Decoded at the last pause, and the caller said no more: that is the turn.
+                    heard = await speech.wait()
+                    prefetched = speech.prefetched
+                else:
+                    with stage("stt", self._providers.stt(self.current()[2])):
+                        heard = await self._listener.transcribe(speech)
+                    prefetched = None
                 if heard.text:
                     self._queue_turn(
-                        heard.text, heard_seconds=heard.audio_seconds, span=span, speech_ended_at=ended_at
+                        heard.text,
+                        heard_seconds=heard.audio_seconds,
+                        span=span,
+                        speech_ended_at=ended_at,
+                        prefetched=prefetched,
                     )
                     queued = True
+                elif prefetched is not None:
+                    prefetched.cancel()
             except Exception as exc:  # noqa: BLE001 - any recognizer failure loses that utterance, not the call
                 log.warning("call %s: transcription failed: %s", self.call.session_id, exc)
             finally:
@@ -789,6 +814,32 @@ class AgentRuntime:
                 if span is not None and not queued:
                     span.end()
                 self._turn_asked_done()
+
+    def _speculate(self, paused: SpeechPaused, nursery: trio.Nursery) -> None:
+        """Decode the utterance so far at a pause; once decoded, ask the model early."""
+        if self._speculation is not None:
+            self._speculation.cancel()
+        listener = self._listener
+        assert listener is not None
+        speculation = Speculation(len(paused.pcm) / 2 / paused.sample_rate_hz)
+        self._speculation = speculation
+
+        def prefetch(text: str) -> PrefetchedReply | None:
+            # Only a turn that would start at once is asked for early: not behind another turn.
+            if self.busy or not self._accepting or speculation.cancelled:
+                return None
+            plan = self._plan()
+            if isinstance(plan.llm, _Unbuildable):
+                return None
+            tools = plan.tools() if plan.max_tool_rounds > 0 else ()
+            return PrefetchedReply(plan.llm, early_messages(plan.instructions(), self.history, text), tools)
+
+        nursery.start_soon(
+            speculation.run,
+            lambda: listener.transcribe(SpeechEnded(pcm=paused.pcm, sample_rate_hz=paused.sample_rate_hz)),
+            prefetch,
+            nursery,
+        )
 
     def _turn_asked_done(self) -> None:
         self._queued -= 1
@@ -826,11 +877,18 @@ class AgentRuntime:
                     self.interrupt("barge_in")
                     if self.session is not None:
                         await self.session.clear_audio()
+                elif isinstance(heard, SpeechPaused):
+                    self._speculate(heard, nursery)
+                elif isinstance(heard, SpeechResumed):
+                    if self._speculation is not None:
+                        self._speculation.cancel()
+                        self._speculation = None
                 elif isinstance(heard, SpeechEnded):
                     # Transcribed in order by its own task: the call keeps reading events meanwhile.
                     self._queued += 1
                     self._idle = trio.Event() if self._idle.is_set() else self._idle
-                    self._speech_send.send_nowait((heard, time.monotonic()))
+                    speculation, self._speculation = self._speculation, None
+                    self._speech_send.send_nowait((speculation or heard, time.monotonic()))
         elif isinstance(event, ParticipantJoined) and event.kind == "transfer_target":
             # While the transfer target is in the call the agent neither listens nor speaks.
             self._listening = False

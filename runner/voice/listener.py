@@ -1,8 +1,11 @@
 """Hearing the caller: voice activity detection decides when they stopped, then STT.
 
 Feed the caller's PCM frames; get :class:`SpeechStarted` as soon as they talk (a
-barge-in) and a :class:`SpeechEnded` with the utterance's audio once they stop. Feeding
-never waits on the recognizer: :meth:`Listener.transcribe` is for a task of its own.
+barge-in) and a :class:`SpeechEnded` with the utterance's audio once they stop. In between,
+a detector that reports pauses (Silero) gives :class:`SpeechPaused` with the utterance so
+far at each short pause, and :class:`SpeechResumed` if the caller goes on: the moments to
+decode speculatively. Feeding never waits on the recognizer: :meth:`Listener.transcribe`
+is for a task of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from .vad import Vad, make_vad
 
 # Keep a little audio from before the detector was sure, so the first syllable is heard.
 _PREROLL_MS = 300
+#: A pause this long inside speech is reported (:class:`SpeechPaused`).
+PAUSE_MS = 200
 
 
 @attrs.frozen(kw_only=True)
@@ -28,12 +33,27 @@ class SpeechEnded:
 
 
 @attrs.frozen(kw_only=True)
+class SpeechPaused:
+    """A short pause: ``pcm`` is the utterance so far (the caller may go on)."""
+
+    pcm: bytes
+    sample_rate_hz: int
+
+
+@attrs.frozen(kw_only=True)
+class SpeechResumed:
+    """The caller went on after a pause: what was decoded at the pause is stale."""
+
+    at_ms: float
+
+
+@attrs.frozen(kw_only=True)
 class Utterance:
     text: str
     audio_seconds: float
 
 
-Heard = SpeechStarted | SpeechEnded
+Heard = SpeechStarted | SpeechPaused | SpeechResumed | SpeechEnded
 
 
 class Listener:
@@ -43,12 +63,17 @@ class Listener:
         stt: The recognizer.
         vad: The detector, by name (see :data:`~runner.voice.vad.VAD_KINDS`).
         silence_ms: The end-of-turn silence.
+        pause_ms: The pause reported as :class:`SpeechPaused` (``None``: none); only a
+            pause shorter than ``silence_ms`` is one.
     """
 
-    def __init__(self, stt: STT, *, vad: str = "silero", silence_ms: int = 500) -> None:
+    def __init__(
+        self, stt: STT, *, vad: str = "silero", silence_ms: int = 500, pause_ms: int | None = PAUSE_MS
+    ) -> None:
         self._stt = stt
         self._vad_kind = vad
         self._silence_ms = silence_ms
+        self._pause_ms = pause_ms if pause_ms is not None and pause_ms < silence_ms else None
         self._vad: Vad | None = None
         self._rate = 0
         self._recent = b""
@@ -63,7 +88,9 @@ class Listener:
         if self._vad is None or sample_rate_hz != self._rate:
             if self._vad is not None:
                 self._vad.close()
-            self._vad = make_vad(self._vad_kind, sample_rate_hz, silence_ms=self._silence_ms)
+            self._vad = make_vad(
+                self._vad_kind, sample_rate_hz, silence_ms=self._silence_ms, pause_ms=self._pause_ms
+            )
             self._rate = sample_rate_hz
             self._recent = b""
             self._speech.clear()
@@ -82,6 +109,10 @@ class Listener:
                 heard.append(SpeechStarted(at_ms=event.at_ms))
             elif event.kind == "speech_ended":
                 heard.append(self._finish())
+            elif event.kind == "pause":
+                heard.append(SpeechPaused(pcm=bytes(self._speech), sample_rate_hz=self._rate))
+            else:
+                heard.append(SpeechResumed(at_ms=event.at_ms))
         return heard
 
     def flush(self) -> list[Heard]:

@@ -264,6 +264,87 @@ async def test_a_full_spoken_turn_offline(journal: Journal) -> None:
     assert len({"here", "what", "found", "sunny", "twenty", "degrees"} & set(heard_back)) >= 3, heard_back
 
 
+# -- faster replies: decoding at the pause, asking the model before the turn ends ----------------
+
+
+def early_agent(fake: FakeOpenAI) -> Agent:
+    return Agent(
+        "early",
+        instructions="You greet people.",
+        llm=remote_llm(fake),
+        stt=STT(provider="whisper"),
+        end_of_turn_silence_ms=1500,
+    )
+
+
+def words_of(text: str) -> set[str]:
+    return {w.strip(".,!?").lower() for w in text.split()} - {""}
+
+
+async def wait_requests(fake: FakeOpenAI, count: int) -> None:
+    with trio.fail_after(30):
+        while len(fake.requests) < count:
+            await trio.sleep(0.05)
+
+
+@pytest.mark.slow
+async def test_the_model_is_asked_at_the_pause_before_the_turn_ends(
+    journal: Journal, fake: FakeOpenAI
+) -> None:
+    fake.enqueue(text_reply("Nice to meet you, ", "John."))
+    said = await speech("Thank you very much, my name is John.")
+    async with open_call(early_agent(fake), journal) as call:
+        # 1 s of quiet after the words: a pause, not yet the end of the turn (1.5 s). No more
+        # audio comes until the model was asked, so the turn cannot have ended before.
+        send_pcm(call.caller, silence(0.5) + said + silence(1.0))
+        await wait_requests(fake, 1)
+        assert call.events == []  # no turn has started
+        send_pcm(call.caller, silence(1.0))
+        result = await call.next_result(seconds=30)
+
+    # One request, made before the turn ended, and the turn's reply is its answer.
+    assert len(fake.requests) == 1
+    asked = fake.requests[0].json()["messages"][-1]
+    assert asked == {"role": "user", "content": result.heard}
+    assert result.heard is not None and {"thank", "very", "much", "name"} <= words_of(result.heard), (
+        result.heard
+    )
+    assert (result.text, result.interrupted) == ("Nice to meet you, John.", False)
+    user, assistant = await turns(journal)
+    assert (user["role"], user["text"], user["spoken"]) == ("user", result.heard, True)
+    assert (assistant["role"], assistant["text"]) == ("assistant", "Nice to meet you, John.")
+
+
+@pytest.mark.slow
+async def test_an_early_request_is_dropped_when_the_caller_goes_on(
+    journal: Journal, fake: FakeOpenAI
+) -> None:
+    fake.enqueue(stalling_reply(["You are welcome. "]), text_reply("Nice to meet you, John."))
+    first = await speech("Thank you very much.")
+    second = await speech("My name is John.")
+    async with open_call(early_agent(fake), journal) as call:
+        send_pcm(call.caller, silence(0.5) + first + silence(1.0))
+        await wait_requests(fake, 1)  # asked early, and the model takes its time
+        send_pcm(call.caller, second + silence(2.0))  # the caller goes on, then stops
+        result = await call.next_result(seconds=30)
+        with trio.move_on_after(0.5):
+            await call.results.receive()
+            raise AssertionError("a second turn ran")
+
+    early, late = (r.json()["messages"][-1]["content"] for r in fake.requests)
+    assert words_of(early) == {"thank", "you", "very", "much"}, early
+    # The turn is the whole utterance, answered by a fresh request; nothing of the early one
+    # was said, journaled or kept in the history.
+    assert result.heard == late and {"thank", "much", "name"} <= words_of(late), late
+    assert (result.text, result.interrupted) == ("Nice to meet you, John.", False)
+    assert not any(isinstance(e, ReplyDelta) and "welcome" in e.text for e in call.events)
+    assert [(t["role"], t["text"]) for t in await turns(journal)] == [
+        ("user", late),
+        ("assistant", "Nice to meet you, John."),
+    ]
+    assert [m.content for m in call.runtime.history] == [late, "Nice to meet you, John."]
+
+
 # -- barge-in ---------------------------------------------------------------------------------
 
 SPA_TEXT = ["The spa is open from nine in the morning. ", "It has a heated pool, "]

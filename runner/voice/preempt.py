@@ -1,0 +1,180 @@
+"""Faster replies: decode at the caller's pauses, and ask the model before the turn is sure.
+
+At a short pause in the caller's speech the listener hands over the utterance so far; a
+:class:`Speculation` transcribes it at once. When that transcript is ready and the caller
+has not gone on, the runtime starts the model's reply (:class:`PrefetchedReply`, what
+livekit-agents calls preemptive generation) while the end-of-turn silence is still running.
+If the caller goes on, both are cancelled and nothing of them is said, journaled or kept.
+If the turn ends, the turn's model (:class:`Preempted`) replays what the request has
+streamed so far and follows it live; a turn whose messages differ from the ones the request
+was made with (the history moved meanwhile) asks the model afresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+
+import trio
+
+from ..providers import LLM, ChatMessage, LLMEvent, ProviderError, ToolSpec
+from .listener import Utterance
+
+__all__ = ["Preempted", "PrefetchedReply", "Speculation", "early_messages"]
+
+
+class PrefetchedReply:
+    """A model request started before the turn ended; its events are kept until taken.
+
+    Run :meth:`run` in a nursery; :meth:`cancel` closes the request.
+    """
+
+    def __init__(self, llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> None:
+        self.llm = llm
+        self.messages = tuple(messages)
+        self.tools = tuple(tools)
+        self._events: list[LLMEvent] = []
+        self._error: ProviderError | None = None
+        self._finished = False
+        self._cancelled = False
+        self._changed = trio.Event()
+        self._scope = trio.CancelScope()
+        self.taken = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def matches(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> bool:
+        """Whether a turn asking with these would have asked exactly this."""
+        return not self._cancelled and tuple(messages) == self.messages and tuple(tools) == self.tools
+
+    def cancel(self) -> None:
+        """Stop the request (if it still runs); a later turn asks the model afresh."""
+        self._cancelled = True
+        self._scope.cancel()
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def run(self) -> None:
+        """Stream the reply into memory until it ends, fails or is cancelled."""
+        with self._scope:
+            try:
+                async with aclosing(self.llm.stream(self.messages, self.tools)) as events:  # type: ignore[type-var]
+                    async for event in events:
+                        self._events.append(event)
+                        self._wake()
+            except ProviderError as exc:
+                self._error = exc
+        self._finished = True
+        self._wake()
+
+    async def replay(self) -> AsyncIterator[LLMEvent]:
+        """What the request streamed so far, then the rest as it comes."""
+        self.taken = True
+        sent = 0
+        try:
+            while True:
+                while sent < len(self._events):
+                    sent += 1
+                    yield self._events[sent - 1]
+                if self._cancelled:
+                    raise ProviderError("provider_failed", "the early model request was cancelled")
+                if self._finished:
+                    if self._error is not None:
+                        raise self._error
+                    return
+                await self._changed.wait()
+        finally:
+            # A turn that stops reading (cancelled, barged in) stops the request too.
+            if not self._finished:
+                self.cancel()
+
+
+class Preempted:
+    """The turn's model: the prefetched reply for the request it was made for, else ``llm``."""
+
+    def __init__(self, llm: LLM, prefetched: PrefetchedReply) -> None:
+        self.provider = llm.provider
+        self.model = llm.model
+        self._llm = llm
+        self._prefetched = prefetched
+
+    def stream(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+    ) -> AsyncIterator[LLMEvent]:
+        prefetched = self._prefetched
+        if not prefetched.taken and prefetched.matches(messages, tools):
+            return prefetched.replay()
+        if not prefetched.taken:
+            prefetched.cancel()
+        return self._llm.stream(messages, tools)
+
+
+class Speculation:
+    """The transcript of an utterance so far, decoded at a pause, and maybe an early reply.
+
+    Args:
+        seconds: How much audio was decoded.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.utterance: Utterance | None = None
+        self.error: Exception | None = None
+        self.prefetched: PrefetchedReply | None = None
+        self._done = trio.Event()
+        self._cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """The caller went on: drop the transcript and stop the early reply."""
+        self._cancelled = True
+        if self.prefetched is not None:
+            self.prefetched.cancel()
+
+    async def run(
+        self,
+        transcribe: Callable[[], Awaitable[Utterance]],
+        prefetch: Callable[[str], PrefetchedReply | None],
+        nursery: trio.Nursery,
+    ) -> None:
+        """Transcribe; then, unless cancelled meanwhile, start the early reply in ``nursery``."""
+        try:
+            self.utterance = await transcribe()
+        except Exception as exc:  # noqa: BLE001 - kept, and raised again by wait()
+            self.error = exc
+        finally:
+            self._done.set()
+        if self._cancelled or self.utterance is None or not self.utterance.text:
+            return
+        self.prefetched = prefetch(self.utterance.text)
+        if self.prefetched is not None:
+            nursery.start_soon(self.prefetched.run)
+
+    async def wait(self) -> Utterance:
+        """The transcript, once decoded.
+
+        Raises:
+            Exception: what the recognizer raised.
+        """
+        await self._done.wait()
+        if self.utterance is None:
+            assert self.error is not None
+            raise self.error
+        return self.utterance
+
+
+def early_messages(instructions: str, history: Sequence[ChatMessage], text: str) -> list[ChatMessage]:
+    """The first model request of a turn whose person said ``text`` (as the turn engine asks it)."""
+    return [
+        ChatMessage(role="system", content=instructions),
+        *history,
+        ChatMessage(role="user", content=text),
+    ]
