@@ -58,7 +58,7 @@ class SentenceChunker:
             piece = ""
             for sentence in self._complete():
                 piece += sentence
-                if len(piece.strip()) >= self._min:
+                if len(piece) >= self._min:  # counting the space after it, as the old rule did
                     break
             else:
                 piece = ""
