@@ -133,7 +133,6 @@ def test_flush_gives_back_the_unfinished_rest_once() -> None:
     assert chunker.feed("A brand new sentence. ") == ["A brand new sentence."]
 
 
-
 def test_a_long_run_then_a_sentence_end() -> None:
     # Only the buffer's start goes to pysbd (its cost grows with the text): a long run is
     # cut at max_chars until the sentence's end is within reach, then ends there.
