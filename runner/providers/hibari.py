@@ -37,7 +37,7 @@ class UnsupportedVoice(ProviderError, ValueError):
 
 
 def _registry() -> dict[str, Any]:
-    from hibari.voices import VOICES  # type: ignore[import-untyped,unused-ignore]
+    from hibari.voices import VOICES
 
     return dict(VOICES)
 
@@ -48,7 +48,7 @@ def bundled_voices() -> Sequence[str]:
 
 
 def _voice_file(voice: str) -> str:
-    import hibari.voices  # type: ignore[import-untyped,unused-ignore]
+    import hibari.voices
 
     registry = _registry()
     if voice not in registry:
@@ -68,7 +68,7 @@ class _Engine:
     """One loaded voice; ``synthesize`` is called from worker threads, one at a time."""
 
     def __init__(self, voice: str) -> None:
-        from hibari import Hibari  # type: ignore[import-untyped,unused-ignore]
+        from hibari import Hibari
 
         # The model path is passed in, so hibari never looks for (or fetches) a voice itself.
         self.hibari = Hibari(voice=voice, model=_voice_file(voice), threads=1)

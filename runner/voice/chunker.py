@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-import pysbd  # type: ignore[import-untyped,unused-ignore]
+import pysbd
 
 # Only text holding a possible sentence end is worth handing to pysbd (about 0.5 ms a call).
 _MAYBE_END = re.compile(r"[.!?…]")

