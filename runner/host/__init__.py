@@ -35,11 +35,11 @@ from ..wire import HostMessage as HostMessage
 from ..wire import JournalRecord as JournalRecord
 from ..wire import SessionUpdate as SessionUpdate
 from ..wire import StartCallRequest as StartCallRequest
-from ._client import ERRORS as ERRORS
 from ._client import RunnerClient as RunnerClient
 from ._client import RunnerUnreachable as RunnerUnreachable
-from ._client import UnknownError as UnknownError
-from ._client import error_from_answer as error_from_answer
+from ._errors import ERRORS as ERRORS
+from ._errors import UnknownError as UnknownError
+from ._errors import error_from_answer as error_from_answer
 from ._follow import EventFollower as EventFollower
 from ._follow import EventsCursor as EventsCursor
 from ._follow import FollowItem as FollowItem

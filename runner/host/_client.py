@@ -15,11 +15,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .. import errors
-from ..errors import RunnerError, UnknownVersion
 from ..wire import (
-    ErrorBody,
-    ErrorCode,
     Health,
     HostMessage,
     HostMessageAccepted,
@@ -30,11 +26,11 @@ from ..wire import (
     StartCallRequest,
     StartCallResponse,
     StopCallResponse,
-    WireError,
     decode,
     encode,
     parse_json,
 )
+from ._errors import UnknownError, error_from_answer
 
 if typing.TYPE_CHECKING:
     from ._follow import EventFollower, EventsCursor
@@ -43,40 +39,6 @@ T = TypeVar("T")
 
 DEFAULT_TIMEOUT = httpx.Timeout(10.0, read=30.0)
 """A start answers once the call joined (up to 15 s on the runner), so reads wait longer."""
-
-CODES: tuple[str, ...] = typing.get_args(ErrorCode)
-
-
-def _error_classes() -> dict[str, type[RunnerError]]:
-    found: dict[str, type[RunnerError]] = {}
-    for name, value in vars(errors).items():
-        if (
-            isinstance(value, type)
-            and issubclass(value, RunnerError)
-            and not name.startswith("_")
-            and "code" in vars(value)
-            and value.code in CODES
-        ):
-            found[value.code] = value
-    return found
-
-
-ERRORS: dict[str, type[RunnerError]] = _error_classes()
-"""The error class of each wire code: ``ERRORS["runner_draining"] is RunnerDraining``."""
-
-
-class UnknownError(RunnerError):
-    """An error answer whose code this client does not know (a newer runner), or no ErrorBody at all.
-
-    Attributes:
-        code: The answer's ``error`` field, or ``""`` when the body had none.
-        status: The answer's HTTP status.
-    """
-
-    def __init__(self, status: int, code: str, detail: str | None) -> None:
-        super().__init__(detail or f"HTTP {status} {code or '(no error code)'}")
-        self.status = status
-        self.code = code
 
 
 class RunnerUnreachable(Exception):
@@ -99,38 +61,6 @@ def _never_sent(exc: httpx.TransportError) -> bool:
     return isinstance(
         exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol
     )
-
-
-def error_from_answer(status: int, content: bytes, *, starting: bool = False) -> RunnerError:
-    """The exception a non-2xx answer stands for.
-
-    Args:
-        status: The answer's HTTP status.
-        content: Its body.
-        starting: The answer is to ``POST /v1/sessions``, where any 404 means the runner
-            speaks another protocol version (older runners put prose in ``error``).
-    """
-    try:
-        value: Any = parse_json(content)
-    except ValueError:
-        value = None
-    try:
-        body: ErrorBody | None = decode(ErrorBody, value)
-    except WireError:
-        body = None
-    if starting and status == 404:
-        detail = body.detail if body is not None else None
-        versions = body.versions if body is not None and body.versions else ()
-        return UnknownVersion(detail or "POST /v1/sessions answered 404: another protocol version", versions)
-    if body is None:
-        code = value.get("error") if isinstance(value, dict) else None
-        detail = value.get("detail") if isinstance(value, dict) else None
-        return UnknownError(
-            status,
-            code if isinstance(code, str) else "",
-            detail if isinstance(detail, str) else None,
-        )
-    return ERRORS[body.error].from_body(body)
 
 
 class RunnerClient:

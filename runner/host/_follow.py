@@ -13,7 +13,7 @@ import random
 from collections import deque
 from collections.abc import Collection
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio
 import attrs
@@ -21,10 +21,14 @@ import httpx
 
 from ..errors import CursorTooOld
 from ..wire import JournalRecord, decode, parse_json
-from ._client import error_from_answer
+from ._errors import error_from_answer
 
-if TYPE_CHECKING:
-    from ._client import RunnerClient
+
+class _Client(Protocol):
+    """What a follower uses of the :class:`~._client.RunnerClient` that made it."""
+
+    http: httpx.AsyncClient
+
 
 MAX_PRODUCERS = 100_000
 """How many producers' last seqs a cursor keeps (the least recently seen are forgotten)."""
@@ -122,7 +126,7 @@ class EventFollower:
 
     def __init__(
         self,
-        client: RunnerClient,
+        client: _Client,
         from_: int | EventsCursor | None,
         *,
         on_cursor_too_old: Literal["raise", "resync"],
