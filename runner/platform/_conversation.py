@@ -79,11 +79,6 @@ log = logging.getLogger("runner.platform")
 UNWIND_S = 10.0
 READY_S = 5.0
 
-CONFLICT = "A turn is already running on this connection. Wait for turn.done, or send cancel."
-NOT_WAITING = (
-    "That tool call is no longer waiting: it was answered already, expired, or dropped by a later turn."
-)
-
 
 class Participant(Protocol):
     """Someone in a conversation (a socket of the agent WebSocket): who, and where its events go."""
@@ -392,7 +387,7 @@ class Conversation:
             with state.scope:
                 await self._take_turn(state)
         except TurnBusy:
-            owner.deliver(Refused(code="conflict", message=CONFLICT))
+            owner.deliver(Refused(reason="busy"))
         except Exception:
             log.exception("a turn of conversation %s failed", self.conversation_id)
             if state.started and not state.finished:
@@ -414,7 +409,7 @@ class Conversation:
             try:
                 pending = runtime.take_confirmation(request.confirm_call_id)
             except ConfirmationNotWaiting:
-                state.owner.deliver(Refused(code="not_found", message=NOT_WAITING))
+                state.owner.deliver(Refused(reason="not_waiting"))
                 return
             confirmed = pending if request.yes else None
         result = await runtime.take_turn(
@@ -430,9 +425,7 @@ class Conversation:
             thoughts=request.thoughts and self.platform.agent.thinking_summaries == "auto",
         )
         if result is None:
-            state.owner.deliver(
-                Refused(code="unavailable", message="the call is ending and takes no more turns")
-            )
+            state.owner.deliver(Refused(reason="ending"))
 
     def _after_turn(self, participant: Participant) -> None:
         held, self.held = self.held, None

@@ -63,10 +63,13 @@ class NoVoice:
 
 @attrs.frozen(kw_only=True)
 class Refused:
-    """A turn the participant asked for was not taken; ``code`` says why."""
+    """A turn the participant asked for was not taken, and why.
 
-    code: Literal["conflict", "not_found", "unavailable"]
-    message: str
+    ``busy``: another turn runs; ``not_waiting``: the confirmed tool call waits no more;
+    ``ending``: the call is ending.
+    """
+
+    reason: Literal["busy", "not_waiting", "ending"]
 
 
 @attrs.frozen(kw_only=True)

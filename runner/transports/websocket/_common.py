@@ -48,6 +48,18 @@ CLOSE_REASONS = {
 }
 
 
+CONFLICT = "A turn is already running on this connection. Wait for turn.done, or send cancel."
+NOT_WAITING = (
+    "That tool call is no longer waiting: it was answered already, expired, or dropped by a later turn."
+)
+# A refused turn's error frame, by the platform's reason.
+REFUSALS: dict[str, tuple[w.ErrorCode, str]] = {
+    "busy": ("conflict", CONFLICT),
+    "not_waiting": ("not_found", NOT_WAITING),
+    "ending": ("unavailable", "the call is ending and takes no more turns"),
+}
+
+
 def edge_version() -> str:
     try:
         return metadata.version("curb-runner")

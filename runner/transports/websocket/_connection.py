@@ -12,7 +12,6 @@ import trio
 
 from ... import ino_wire as w
 from ...platform import HEARING_RATE_HZ, Recording, TurnRateExceeded, TurnRequest, transcribe
-from ...platform._conversation import CONFLICT, NOT_WAITING
 from ...platform._events import Charged, ConversationEvent
 from ...providers import ProviderError
 from ._call import InoCall
@@ -20,8 +19,10 @@ from ._common import (
     _CLOSE_S,
     _UNWIND_S,
     AUTH_TIMEOUT_S,
+    CONFLICT,
     MAX_RECORDING_BYTES,
     MAX_TRANSCRIBING,
+    NOT_WAITING,
     CloseSocket,
     SocketHost,
     SocketIO,

@@ -40,7 +40,7 @@ from ...voice.engine import (
     ToolConfirmRequested,
     UsageReported,
 )
-from ._common import edge_version, relation_body, wire_call_id
+from ._common import REFUSALS, edge_version, relation_body, wire_call_id
 
 
 def frames_of(event: ConversationEvent, *, idle_seconds: int) -> Iterator[Any]:
@@ -82,7 +82,8 @@ def frames_of(event: ConversationEvent, *, idle_seconds: int) -> Iterator[Any]:
             stage="speech",
         )
     elif isinstance(event, Refused):
-        yield w.Error(code=event.code, message=event.message)
+        code, message = REFUSALS[event.reason]
+        yield w.Error(code=code, message=message)
     elif isinstance(event, Heard):
         yield w.Heard(turn=event.turn, text=event.text, audio_seconds=round(event.audio_seconds, 3))
     elif isinstance(event, Thought):
