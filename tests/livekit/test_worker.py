@@ -273,6 +273,12 @@ async def test_automatic_dispatch_no_journal_a_refused_context_and_a_drain(
         assert call["clientContext"] == {}
         assert call["job"]["refused"] == {"metadata": "not a flat map of strings"}
         assert call["job"]["room"] == named_room
+        # Full (one call of --max-sessions 1): its status says so, and the server sends it no
+        # job for the next room of its name (not even an availability request).
+        full_room = livekit.unique_room("full")
+        await control.request("create_dispatch", agent_name=agent_name, room=full_room)
+        await trio.sleep(3)
+        assert not any(full_room in line for line in named.runner.stderr)
 
         # Automatic dispatch (no agent name): a new room gets the worker that takes every room.
         await control.request("create_room", room=auto_room)
@@ -294,7 +300,8 @@ async def test_automatic_dispatch_no_journal_a_refused_context_and_a_drain(
         reopened = await replay_journal(tmp_path / "named.db")
         assert ended(reopened)[call["session"]] == "runner_draining"
         await control.request("delete_room", room=auto_room)
-        await control.request("delete_room", room=named_room)
+        for room in (named_room, full_room):
+            await control.request("delete_room", room=room)
 
 
 async def test_two_workers_share_ten_rooms_drain_and_a_kill(livekit: LiveKitEnv, tmp_path: Path) -> None:
