@@ -277,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" {machine['cpu']}, Python {machine['python']})"
     )
     print_table(("scenario", "figure", "value", "baseline", "ratio"), report.table_rows(summary))
+    print()
+    print_table(("figure", "before", "goal", "this run", "verdict"), report.goal_rows(summary))
     for line in report.status_lines(runs):
         print(line)
     for line in summary["scaling"]["verdicts"]:

@@ -46,6 +46,7 @@ from runner.calls import Runner
 from runner.config import Config
 from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport
+from runner.wire import StartCallRequest, json_bytes
 
 from ._common import (
     Budget,
@@ -82,6 +83,7 @@ class Profile:
     poll_pairs: int = 2  # at the most calls held: probe windows without and with a 1 Hz poller
     poll_window_seconds: float = 4.0
     ramp_seconds: float = 25.0  # every level's fill and probes together
+    fill_in_process: bool = False  # fill through Runner.start_call, not HTTP (the probes stay HTTP)
     total_seconds: float = 55.0
 
 
@@ -287,9 +289,20 @@ async def measure_latency(profile: Profile, data_dir: Path) -> dict[str, Any]:
 # -- 2. held calls ------------------------------------------------------------------------------
 
 
-async def _fill(api: Api, runner: Runner, target: int, clients: int, deadline: float) -> int:
+async def _fill(
+    api: Api, runner: Runner, target: int, clients: int, deadline: float, *, in_process: bool = False
+) -> int:
     """Start held calls until the runner holds ``target`` (or time is up); return how many it holds."""
     next_id = len(runner.calls)
+
+    async def start(session_id: str) -> None:
+        if in_process:
+            start = StartCallRequest(
+                session_id=session_id, realtime_url="loopback://bench", realtime_token="t"
+            )
+            await runner.start_call(start)
+        else:
+            await api.start(session_id)
 
     async def worker() -> None:
         nonlocal next_id
@@ -298,7 +311,7 @@ async def _fill(api: Api, runner: Runner, target: int, clients: int, deadline: f
             next_id += 1
             if i >= target:
                 return
-            await api.start(f"held-{i}")
+            await start(f"held-{i}")
 
     async with trio.open_nursery() as nursery:
         for _ in range(clients):
@@ -321,7 +334,9 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
         previous_level, previous_rss = 0, base_rss
         for level in profile.levels:
             fill_began = time.perf_counter()
-            held = await _fill(api, runner, level, profile.fill_clients, ramp_deadline)
+            held = await _fill(
+                api, runner, level, profile.fill_clients, ramp_deadline, in_process=profile.fill_in_process
+            )
             fill_s = time.perf_counter() - fill_began
             if held < level:
                 stopped_because = f"time: held {held} of {level} when the ramp's time ran out"
@@ -339,7 +354,7 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 return _ms(took)
 
             start_ms = await probe(0)
-            status_ms, status_cpu_ms, build_ms = [], [], []
+            status_ms, status_cpu_ms, build_ms, rebuild_ms = [], [], [], []
             for _ in range(profile.status_samples):
                 cpu = time.thread_time()
                 status_s, status = await api.timed_get("/v1/runner")
@@ -350,6 +365,10 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 began = time.perf_counter()
                 runner.status_json()
                 build_ms.append((time.perf_counter() - began) * 1000)
+                # The baseline: what the answer cost before (every call's LiveCall built and encoded).
+                began = time.perf_counter()
+                json_bytes(runner.status())
+                rebuild_ms.append((time.perf_counter() - began) * 1000)
             row = {
                 "held": level,
                 "fill_s": fill_s,
@@ -362,6 +381,7 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 "runner_status_ms": statistics.median(status_ms),
                 "runner_status_cpu_ms": statistics.median(status_cpu_ms),
                 "runner_status_build_ms": statistics.median(build_ms),
+                "runner_status_rebuild_ms": statistics.median(rebuild_ms),
                 "runner_status_bytes": len(runner.status_json()),
                 "available_share": available_share(),
             }
@@ -426,21 +446,25 @@ async def measure_poll_impact(profile: Profile, api: Api, held: int) -> dict[str
     polls: list[float] = []
     n = 0
 
-    async def probe_window() -> list[float]:
+    cpu_s: dict[str, float] = {"without": 0.0, "with": 0.0}
+
+    async def probe_window(side: str) -> list[float]:
         nonlocal n
         took: list[float] = []
+        cpu = time.thread_time()
         ends = time.perf_counter() + profile.poll_window_seconds
         while time.perf_counter() < ends:
             n += 1
             took.append(await api.start(f"poll-{n}"))
             await api.stop(f"poll-{n}")
+        cpu_s[side] += time.thread_time() - cpu
         return took
 
     order = [("without", "with") if k % 2 == 0 else ("with", "without") for k in range(profile.poll_pairs)]
     for pair in order:
         for side in pair:
             if side == "without":
-                sides[side] += await probe_window()
+                sides[side] += await probe_window(side)
                 continue
             command = [
                 sys.executable,
@@ -456,7 +480,7 @@ async def measure_poll_impact(profile: Profile, api: Api, held: int) -> dict[str
                     assert poller.stdout is not None
                     lines = _lines(poller.stdout)
                     assert await lines.__anext__() == "ready"
-                    sides[side] += await probe_window()
+                    sides[side] += await probe_window(side)
                     async for line in lines:
                         polls.append(float(line.split()[0]))
                 finally:
@@ -464,8 +488,13 @@ async def measure_poll_impact(profile: Profile, api: Api, held: int) -> dict[str
                         poller.kill()
                     with trio.CancelScope(shield=True):
                         await poller.wait()
+    # The loop's CPU beyond what the probes cost without a poller: what answering the polls cost.
+    per_probe = cpu_s["without"] / max(1, len(sides["without"]))
+    extra_s = cpu_s["with"] - per_probe * len(sides["with"])
     return {
         "held": held,
+        "loop_cpu_ms_per_poll": extra_s * 1000 / max(1, len(polls)),
+        "loop_cpu_ms_per_probe_without": per_probe * 1000,
         "pairs": profile.poll_pairs,
         "window_seconds": profile.poll_window_seconds,
         "start_ms_without": _ms(sides["without"]),
@@ -541,7 +570,8 @@ def _table(got: dict[str, Any]) -> list[list[str]]:
                 f"RSS {fmt(row['rss_mib'])} MiB, {fmt(row['rss_per_call_kib'])} KiB/call",
                 f"start p50 {fmt(start.get('p50'))} p99 {fmt(start.get('p99'))} ms",
                 f"GET /v1/runner {fmt(row['runner_status_ms'])} ms (CPU {fmt(row['runner_status_cpu_ms'])},"
-                f" runner's join {fmt(row['runner_status_build_ms'])})"
+                f" runner's join {fmt(row['runner_status_build_ms'])}, against"
+                f" {fmt(row['runner_status_rebuild_ms'])} to build and encode every call)"
                 + (f"; DEGRADED: {row['degraded']}" if "degraded" in row else ""),
             ]
         )
@@ -560,7 +590,8 @@ def _table(got: dict[str, Any]) -> list[list[str]]:
             f"start while a host polls GET /v1/runner at 1 Hz, {polled['held']} calls held",
             f"p50 {fmt(with_.get('p50'))}  p99 {fmt(with_.get('p99'))} ms",
             f"without the poller: p50 {fmt(without.get('p50'))}  p99 {fmt(without.get('p99'))} ms",
-            f"poll p50 {fmt(polled['poll_ms'].get('p50'))} ms from its own process ({polled['poll_ms'].get('n')} polls)",
+            f"poll p50 {fmt(polled['poll_ms'].get('p50'))} ms from its own process ({polled['poll_ms'].get('n')} polls);"
+            f" the runner's loop spent {fmt(polled['loop_cpu_ms_per_poll'])} ms CPU a poll",
         ]
     )
     drain = held["drain"]
@@ -572,14 +603,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.calls", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short profile (under a minute)")
     parser.add_argument(
+        "--fill-in-process",
+        action="store_true",
+        help="start the held calls through Runner.start_call rather than HTTP (faster on a loaded machine)",
+    )
+    parser.add_argument(
+        "--levels", help="the held-call levels, comma-separated (default: the profile's)", default=None
+    )
+    parser.add_argument(
         "--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the journals go"
     )
     args = parser.parse_args(argv)
     freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
+    if args.fill_in_process:
+        profile = attrs.evolve(profile, fill_in_process=True)
+    if args.levels:
+        profile = attrs.evolve(profile, levels=tuple(int(n) for n in args.levels.split(",")))
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.calls" + (" --quick" if args.quick else "")
+    command = " ".join(["python -m bench.calls", *(argv if argv is not None else sys.argv[1:])])
     machine = machine_info(data_dir)
     say(
         f"{command}: {machine['cores']} cores, Python {machine['python']}, data on {machine['data_filesystem']}"

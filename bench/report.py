@@ -501,6 +501,97 @@ ROW_BUILDERS: tuple[Callable[[Mapping[str, Any]], list[dict[str, Any]]], ...] = 
 )
 
 
+# -- the figures issue 21 set goals for, beside their values before it ----------------------------
+
+
+def _goal(figure: str, old: str, goal: str, now: str, met: bool | None) -> dict[str, Any]:
+    verdict = "-" if met is None else ("met" if met else "NOT met")
+    return {"figure": figure, "old": old, "goal": goal, "now": now, "verdict": verdict}
+
+
+def _goals(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    goals = []
+    calls = _ok(runs, "calls")
+    if calls:
+        levels = calls["held"]["levels"]
+        top = levels[-1]
+        goals.append(
+            _goal(
+                f"GET /v1/runner at {top['held']} calls, ms",
+                "236 at 50,000 (2.65 at 1)",
+                "under 20 at 50,000",
+                fmt(top["runner_status_ms"]),
+                top["runner_status_ms"] < 20 if top["held"] >= 50_000 else None,
+            )
+        )
+        polled = calls["held"].get("polled")
+        if polled:
+            without, with_ = polled["start_ms_without"].get("p99"), polled["start_ms_with"].get("p99")
+            goals.append(
+                _goal(
+                    f"call start p99 while a host polls GET /v1/runner at 1 Hz ({polled['held']} calls), ms",
+                    "not measured",
+                    "unaffected (within 1.2x of no poller, same run)",
+                    f"{fmt(with_)} (no poller: {fmt(without)})",
+                    None if not (with_ and without) else with_ <= 1.2 * without,
+                )
+            )
+        first = levels[0]["start_ms"].get("p99")
+        at = [lv for lv in levels if lv["held"] <= 1_000][-1]
+        p99 = at["start_ms"].get("p99")
+        goals.append(
+            _goal(
+                f"call start p99, 1 to {at['held']} calls, ms",
+                "2.3 to 4.8 (2.1x)",
+                "flat (within 1.5x)",
+                f"{fmt(first)} to {fmt(p99)} ({fmt(ratio(p99, first))}x)",
+                None if not (first and p99) else p99 <= 1.5 * first,
+            )
+        )
+    ws = _ok(runs, "websocket")
+    if ws:
+        many = ws["parameters"].get("concurrent_sockets")
+        for metric, label, old, limit in (
+            ("first_text_delta_ms", "first text.delta", "15 / 0.23 ms (66x; 55x in the last full run)", 3.0),
+            (
+                "first_audio_byte_ms",
+                "first audio byte",
+                "316 / 193 ms (1.6x; 1.9x in the last full run)",
+                1.3,
+            ),
+        ):
+            value = ws["socket"]["many"][metric]["p50"]
+            base = ws["in_process"]["many"][metric]["p50"]
+            r = ratio(value, base)
+            goals.append(
+                _goal(
+                    f"{label} p50 through {many} sockets / in-process",
+                    old,
+                    f"at most {limit}x",
+                    f"{fmt(value)} / {fmt(base)} ms ({fmt(r)}x)",
+                    None if r is None else r <= limit,
+                )
+            )
+    journal = _ok(runs, "journal")
+    if journal:
+        for r in journal["append"]["by_producers"]:
+            if r["producers"] >= 50:
+                goals.append(
+                    _goal(
+                        f"journal append, {r['producers']} producers / raw sqlite3",
+                        {50: "0.70", 200: "0.63", 500: "0.59"}.get(r["producers"], "0.60-0.70"),
+                        "at least 0.8",
+                        f"{r['ratio']:.2f}",
+                        r["ratio"] >= 0.8,
+                    )
+                )
+    return goals
+
+
+def goal_rows(summary: Mapping[str, Any]) -> list[list[str]]:
+    return [[g["figure"], g["old"], g["goal"], g["now"], g["verdict"]] for g in summary.get("goals", [])]
+
+
 def summarize(runs: Mapping[str, Any]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     errors = []
@@ -514,7 +605,12 @@ def summarize(runs: Mapping[str, Any]) -> dict[str, Any]:
     except (KeyError, TypeError, IndexError, ValueError) as error:
         scaling = {"figures": [], "verdicts": [], "flat_within": FLAT_WITHIN}
         errors.append(f"scaling: {error!r}")
-    return {"rows": rows, "scaling": scaling, "errors": errors}
+    try:
+        goals = _goals(runs)
+    except (KeyError, TypeError, IndexError, ValueError) as error:
+        goals = []
+        errors.append(f"goals: {error!r}")
+    return {"rows": rows, "scaling": scaling, "goals": goals, "errors": errors}
 
 
 def table_rows(summary: Mapping[str, Any]) -> list[list[str]]:
@@ -830,6 +926,12 @@ def write_report(combined: Mapping[str, Any], stamp: str, *, plots: bool = True)
                 for r in summary["rows"]
             ],
         ),
+        "",
+        "## Figures against their goals (performance, round two)",
+        "",
+        "Each figure's value before round two (docs/performance.md), its goal, and this run's.",
+        "",
+        _md_table(["figure", "before", "goal", "this run", "verdict"], goal_rows(summary)),
         "",
         "## Scaling from 1 call to the most calls",
         "",
