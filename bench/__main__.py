@@ -62,7 +62,15 @@ SCENARIOS = (
         what="concurrent calls: start latency, memory per call, most calls held",
         quick_s=14,
         full_s=90,
-        limit_s=300,
+        limit_s=900,
+    ),
+    Scenario(
+        name="calls_instructions",
+        what="instructions per call start at 1 call held and at 1,000 (callgrind)",
+        quick_s=0,
+        full_s=600,
+        limit_s=1800,
+        full_only="runs under valgrind for about ten minutes; full mode only",
     ),
     Scenario(
         name="agents_baseline",

@@ -520,7 +520,8 @@ def _goals(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
                 f"GET /v1/runner at {top['held']} calls, ms",
                 "236 at 50,000 (2.65 at 1)",
                 "under 20 at 50,000",
-                fmt(top["runner_status_ms"]),
+                f"{fmt(top['runner_status_ms'])} (the runner's join {fmt(top.get('runner_status_build_ms'))},"
+                f" against {fmt(top.get('runner_status_rebuild_ms'))} for the old build and encode)",
                 top["runner_status_ms"] < 20 if top["held"] >= 50_000 else None,
             )
         )
@@ -532,7 +533,8 @@ def _goals(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
                     f"call start p99 while a host polls GET /v1/runner at 1 Hz ({polled['held']} calls), ms",
                     "not measured",
                     "unaffected (within 1.2x of no poller, same run)",
-                    f"{fmt(with_)} (no poller: {fmt(without)})",
+                    f"{fmt(with_)} (no poller: {fmt(without)}); the loop's CPU per poll"
+                    f" {fmt(polled.get('loop_cpu_ms_per_poll'))} ms",
                     None if not (with_ and without) else with_ <= 1.2 * without,
                 )
             )
@@ -546,6 +548,19 @@ def _goals(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "flat (within 1.5x)",
                 f"{fmt(first)} to {fmt(p99)} ({fmt(ratio(p99, first))}x)",
                 None if not (first and p99) else p99 <= 1.5 * first,
+            )
+        )
+    counted = _ok(runs, "calls_instructions")
+    if counted:
+        held = max(int(k) for k in counted["levels"])
+        goals.append(
+            _goal(
+                f"instructions per call start and stop, 1 to {held} calls held",
+                "not measured",
+                "flat (the per-call cost that grows, found)",
+                f"{counted['levels']['1']['per_start']:,.0f} to"
+                f" {counted['levels'][str(held)]['per_start']:,.0f} (x{counted['growth']:.3f})",
+                counted["growth"] <= 1.05,
             )
         )
     ws = _ok(runs, "websocket")
