@@ -154,8 +154,8 @@ async def serve_runner(
         agent_socket: Serve the agent WebSocket on ``config.public_address`` (its bound
             address is written to stderr as ``runner: public listener on HOST:PORT``
             before the ready line); ``None``: no public listener.
-        worker: Take calls from LiveKit's agent dispatch (``runner start``): the ready
-            line is printed once the worker registered, and a drain tells the server
+        worker: Take calls from LiveKit's agent dispatch (``runner start``): the worker
+            registers before the management listener binds, and a drain tells the server
             to send no new jobs.
         task_status: Started with the bound address and the runner, once ready.
     """
@@ -221,6 +221,10 @@ async def serve_runner(
 
         async with trio.open_nursery() as nursery:
             await nursery.start(runner.serve)
+            if worker is not None:
+                # Registered before the listener binds: /health answering means the worker is
+                # in LiveKit's pool (a readiness probe relies on it).
+                await nursery.start(AgentWorker(runner, worker).serve)
             http_done = trio.Event()
 
             async def serve_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
@@ -282,8 +286,6 @@ async def serve_runner(
 
                 metrics_binds = await nursery.start(serve_metrics)
                 print(METRICS_LINE + metrics_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
-            if worker is not None:
-                await nursery.start(AgentWorker(runner, worker).serve)
             warmup_ms = int((time.monotonic() - started_at) * 1000)
             await emit_lifecycle(
                 journal,
