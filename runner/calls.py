@@ -172,15 +172,18 @@ class StatusParts:
         if not parts:
             del self._groups[group]
 
-    def joined(self) -> bytes:
-        """Every part, comma-separated."""
-        out = []
+    def joined(self, before: bytes = b"", after: bytes = b"") -> bytes:
+        """Every part, comma-separated, between ``before`` and ``after``: one copy of the whole."""
+        out = [before]
         for group, parts in self._groups.items():
             joined = self._joined.get(group)
             if joined is None:
                 joined = self._joined[group] = b",".join(parts.values())
-            out.append(joined)
-        return b",".join(out)
+            out += (joined, b",")
+        if len(out) > 1:
+            out.pop()
+        out.append(after)
+        return b"".join(out)
 
 
 class Call:
@@ -572,7 +575,7 @@ class Runner:
         """:meth:`status` as JSON, in one pass: the calls' parts are kept up to date as they change."""
         head = encode(self._status([]))
         del head["sessions"]
-        return b"".join((json_bytes(head)[:-1], b',"sessions":[', self._statuses.joined(), b"]}"))
+        return self._statuses.joined(json_bytes(head)[:-1] + b',"sessions":[', b"]}")
 
     def _status(self, sessions: list[LiveCall]) -> RunnerStatus:
         return RunnerStatus(
