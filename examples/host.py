@@ -95,12 +95,17 @@ class Host:
                     line = describe(item)
                     if line is not None and item.producer != "runner":
                         print(f"[{item.producer}] {line}", flush=True)
-                    if item.body.get("name") == "curb.ended" and item.producer in self.placed:
-                        self.ended.add(item.producer)
-                        if self.ended >= self.placed:
-                            self.all_ended.set()
                 # After the item is handled: a crash before this line shows it again, never loses it.
                 await anyio.to_thread.run_sync(self.save_cursor, url, events.cursor)
+                # Only then may the host stop: its cursor is past the last call's end.
+                if (
+                    not isinstance(item, (Lost, SeqGap))
+                    and item.body.get("name") == "curb.ended"
+                    and item.producer in self.placed
+                ):
+                    self.ended.add(item.producer)
+                    if self.ended >= self.placed:
+                        self.all_ended.set()
 
 
 async def main(

@@ -271,7 +271,8 @@ async def serve_runner(
                 await nursery.start(_watch_signals, runner, signal_scope)
             metrics_done = trio.Event()
             metrics_done.set()
-            if config.metrics_address is not None:
+            metrics_address = config.metrics_address
+            if metrics_address is not None:
                 metrics_done = trio.Event()
                 metrics_address = config.metrics_address
 

@@ -158,6 +158,9 @@ async def test_the_metrics_listener_needs_no_token_and_counts_provider_errors(tm
             )
             assert value(samples, "curb_model_first_token_seconds_count", provider="openai-compatible") == 0
             assert value(samples, "curb_calls", state="connected", mode="managed") == 1
+            # A managed runner serves the agent WebSocket: its gauge is there, and no socket is open.
+            assert ("curb_agent_sockets_open", ()) in samples
+            assert value(samples, "curb_agent_sockets_open") == 0
             # The same families behind the token on the management listener.
             assert (await client.get("/v1/metrics")).status_code == 200
 
