@@ -268,3 +268,21 @@ def weather(ctx: Context, city: str) -> str:
 def _timeline_note(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     ctx.send.to_host("note.seen", {"text": payload.get("text")})
     return {"ok": True}
+
+
+# The offline engines named explicitly, so metrics and spans name known providers
+# (tests/test_telemetry.py): the local model with a tool, espeak-ng, pocketsphinx.
+observed = Agent(
+    "observed",
+    instructions="You tell the weather.",
+    greeting="Welcome to the weather desk.",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="espeak", voice="en"),
+    stt=STT(provider="pocketsphinx", language="en"),
+)
+
+
+@observed.tool
+def forecast(ctx: Context, city: str) -> str:
+    """Tell the weather forecast for a city."""
+    return f"In {city} it is sunny."

@@ -834,12 +834,16 @@ class AgentRuntime:
             tools = plan.tools() if plan.max_tool_rounds > 0 else ()
             return PrefetchedReply(plan.llm, early_messages(plan.instructions(), self.history, text), tools)
 
-        nursery.start_soon(
-            speculation.run,
-            lambda: listener.transcribe(SpeechEnded(pcm=paused.pcm, sample_rate_hz=paused.sample_rate_hz)),
-            prefetch,
-            nursery,
-        )
+        recognizer = self._providers.stt(self.current()[2])
+
+        async def transcribe() -> Any:
+            # Before any turn exists: this transcription's span is a child of the call.
+            with stage("stt", recognizer):
+                return await listener.transcribe(
+                    SpeechEnded(pcm=paused.pcm, sample_rate_hz=paused.sample_rate_hz)
+                )
+
+        nursery.start_soon(speculation.run, transcribe, prefetch, nursery)
 
     def _turn_asked_done(self) -> None:
         self._queued -= 1
