@@ -51,6 +51,14 @@ SCENARIOS = (
         limit_s=400,
     ),
     Scenario(
+        name="journal_instructions",
+        what="instructions per appended record, journal vs raw sqlite3, by object (callgrind)",
+        quick_s=0,
+        full_s=300,
+        limit_s=1800,
+        full_only="runs under valgrind for several minutes; full mode only",
+    ),
+    Scenario(
         name="redis_stream",
         what="events stream baseline: Redis Streams XADD/XREAD",
         quick_s=9,

@@ -600,6 +600,18 @@ def _goals(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
                         r["ratio"] >= 0.8,
                     )
                 )
+    counted = _ok(runs, "journal_instructions")
+    if counted:
+        goals.append(
+            _goal(
+                f"journal append, {counted['producers']} producers: raw / journal instructions per record",
+                "not measured",
+                "at least 0.8 (the throughput goal, counted)",
+                f"{counted['ratio']:.2f} ({counted['sides']['journal']['per_record']:,.0f} against"
+                f" {counted['sides']['raw']['per_record']:,.0f})",
+                counted["ratio"] >= 0.8,
+            )
+        )
     return goals
 
 
