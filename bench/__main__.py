@@ -128,6 +128,21 @@ SCENARIOS = (
         limit_s=900,
         full_only="needs a LiveKit server in a private network namespace and several minutes; full mode only",
     ),
+    Scenario(
+        name="speech",
+        what="embedded speech: WER old vs new recognizers, TTS first audio, VAD cost",
+        quick_s=90,
+        full_s=240,
+        limit_s=900,
+    ),
+    Scenario(
+        name="livekit_voice",
+        what="spoken turns through LiveKit, old voice vs new; concurrent spoken calls",
+        quick_s=300,
+        full_s=1200,
+        limit_s=1500,
+        full_only="needs a LiveKit server in a private network namespace and many minutes; full mode only",
+    ),
 )
 NAMES = tuple(s.name for s in SCENARIOS)
 MESSAGES_MOST_CALLS_CAP = {True: 1_000, False: 10_000}  # by --quick

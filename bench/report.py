@@ -371,6 +371,68 @@ def _worker_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _speech_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    sp = _ok(runs, "speech")
+    if not sp:
+        return []
+    old, new = sp["wer"]["pocketsphinx (old default)"], sp["wer"]["whisper tiny.en (new default)"]
+    rows = [
+        _row(
+            "speech",
+            f"WER, Whisper on {voice} (%)",
+            new[voice]["wer"] * 100,
+            old[voice]["wer"] * 100,
+            "pocketsphinx on the same audio",
+            "%",
+            "lower",
+        )
+        for voice in new
+    ]
+    tts = sp["tts_first_audio_ms"]
+    rows.append(
+        _row(
+            "speech",
+            "TTS first audio p50, hibari",
+            tts["hibari heart (new default voice)"]["p50"],
+            tts["espeak en (old default voice)"]["p50"],
+            "espeak-ng en",
+            "ms",
+            "lower",
+        )
+    )
+    vad = sp["vad"]["per_frame_us"]
+    rows.append(
+        _row(
+            "speech",
+            "VAD per 20 ms frame at 48 kHz, Silero",
+            vad["silero @ 48 kHz"],
+            vad["energy @ 48 kHz"],
+            "energy VAD",
+            "us",
+            "lower",
+        )
+    )
+    return rows
+
+
+def _livekit_voice_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    lv = _ok(runs, "livekit_voice")
+    if not lv or not lv["latency_ms"]["new"].get("n"):
+        return []
+    return [
+        _row(
+            "livekit_voice",
+            f"end of speech to first audio {q}, new voice",
+            lv["latency_ms"]["new"][q],
+            lv["latency_ms"]["old"].get(q),
+            "the old voice (energy VAD, pocketsphinx, espeak)",
+            "ms",
+            "lower",
+        )
+        for q in ("p50", "p99")
+    ]
+
+
 def _growth(
     name: str, points: list[tuple[int, float]], unit: str, *, higher_better: bool = False
 ) -> dict[str, Any] | None:
@@ -498,6 +560,8 @@ ROW_BUILDERS: tuple[Callable[[Mapping[str, Any]], list[dict[str, Any]]], ...] = 
     _livekit_rows,
     _host_rows,
     _worker_rows,
+    _speech_rows,
+    _livekit_voice_rows,
 )
 
 
