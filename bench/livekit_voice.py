@@ -116,6 +116,29 @@ async def _call(
     *,
     in_turns: trio.Event | None = None,
     pace_s: float = 0.0,
+    failures: list[str] | None = None,
+) -> None:
+    """One call of ``turns`` spoken turns; a call that fails is counted in ``failures`` (if given)."""
+    try:
+        await _call_once(env, host, sentence, turns, latencies, in_turns=in_turns, pace_s=pace_s)
+    except Exception as exc:  # an overloaded call is a figure, not the end of the run
+        if failures is None:
+            raise
+        failures.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+    finally:
+        if in_turns is not None:
+            in_turns.set()
+
+
+async def _call_once(
+    env: LiveKitEnv,
+    host: Any,
+    sentence: tuple[Path, int, float],
+    turns: int,
+    latencies: list[float],
+    *,
+    in_turns: trio.Event | None,
+    pace_s: float,
 ) -> None:
     path, rate, after_speech_s = sentence
     room = env.unique_room("voice")
@@ -149,7 +172,10 @@ async def latency(env: LiveKitEnv, workdir: Path, agent: str, profile: Profile, 
     async with open_runner(env, journal, agent=f"{AGENTS}:{agent}") as host:
         for n in range(profile.latency_calls):
             say(f"{agent}: call {n + 1}/{profile.latency_calls}")
-            await _call(env, host, sentence, profile.latency_turns, out)
+            failures: list[str] = []
+            await _call(env, host, sentence, profile.latency_turns, out, failures=failures)
+            if failures:
+                say(f"{agent}: the call failed: {failures[0]}")
     return out
 
 
@@ -175,6 +201,7 @@ async def concurrency(
         for n in profile.levels:
             say(f"concurrency: {n} calls at once")
             out: list[float] = []
+            failures: list[str] = []
             started = [trio.Event() for _ in range(n)]
             rss_during: list[float] = []
 
@@ -192,6 +219,7 @@ async def concurrency(
                             out,
                             in_turns=started[i],
                             pace_s=3.0,
+                            failures=failures,
                         )
                     )
             stats = summarize(out, scale=1000)
@@ -202,9 +230,15 @@ async def concurrency(
                 "runner_rss_idle_mb": idle_mb,
                 "memory_per_call_mb": (rss_during[0] - idle_mb) / n if rss_during and idle_mb else None,
                 "seconds": time.perf_counter() - began,
+                "failed_calls": failures,
             }
             levels.append(level)
+            if failures:
+                say(f"  {len(failures)} of {n} calls failed: saturated")
+                break
             say(f"  p50 {stats.get('p50', 0):.0f} ms, p99 {stats.get('p99', 0):.0f} ms")
+            if "p50" not in stats:
+                break
             if base_p50 is None:
                 base_p50 = float(stats["p50"])
             elif float(stats["p50"]) > 2 * base_p50:
