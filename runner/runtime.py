@@ -271,10 +271,10 @@ async def serve_runner(
                 await nursery.start(_watch_signals, runner, signal_scope)
             metrics_done = trio.Event()
             metrics_done.set()
-            metrics_address = config.metrics_address
-            if metrics_address is not None:
+            if config.metrics_address is not None:
                 metrics_done = trio.Event()
-                metrics_address = config.metrics_address
+                # A name of its own, never None: the closure below reads it later.
+                metrics_address: str = config.metrics_address
 
                 async def serve_metrics(*, task_status: trio.TaskStatus[list[str]]) -> None:
                     await hypercorn_serve(
