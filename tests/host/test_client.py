@@ -198,3 +198,31 @@ async def test_no_runner_listening_is_unreachable_and_never_delivered() -> None:
             await client.start_call(start("c1"))
     assert unreachable.value.maybe_delivered is False
     assert unreachable.value.url == url
+
+
+def test_the_public_names_are_exported_once() -> None:
+    public = {name for name in vars(host) if not name.startswith("_")}
+    own = {
+        "ERRORS",
+        "EventFollower",
+        "EventsCursor",
+        "FollowItem",
+        "FollowStats",
+        "Lost",
+        "NoRunnerAvailable",
+        "Placement",
+        "RunnerClient",
+        "RunnerPool",
+        "RunnerState",
+        "RunnerUnreachable",
+        "SeqGap",
+        "UnknownError",
+        "error_from_answer",
+    }
+    wire = {"HostMessage", "JournalRecord", "SessionUpdate", "StartCallRequest"}
+    codes = {cls.__name__ for cls in ERRORS.values()} | {"RunnerError"}
+    assert public == own | wire | codes
+    for name in own - {"ERRORS", "FollowItem"}:
+        assert getattr(host, name).__module__.startswith("runner.host._"), name
+    for name in wire:
+        assert getattr(host, name).__module__ == "runner.wire", name
