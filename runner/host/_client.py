@@ -57,7 +57,7 @@ class RunnerUnreachable(Exception):
         self.maybe_delivered = maybe_delivered
 
 
-def _never_sent(exc: httpx.TransportError) -> bool:
+def _never_sent(exc: httpx.RequestError) -> bool:
     return isinstance(
         exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol
     )
@@ -128,7 +128,8 @@ class RunnerClient:
             response = await self.http.request(
                 method, path, json=None if body is None else encode(body), params=params
             )
-        except httpx.TransportError as exc:
+        except httpx.RequestError as exc:
+            # Transport failures, and an answer httpx could not read (it may have been sent).
             raise RunnerUnreachable(self.base_url, not _never_sent(exc), exc) from exc
         if not 200 <= response.status_code < 300:
             raise error_from_answer(response.status_code, response.content, starting=starting)
