@@ -60,6 +60,9 @@ class RunnerState:
     full: bool = False
     max_sessions: int | None = None
     active_sessions: int | None = None
+    # Counts changed here (a placement, a refusal, a call ended) since a status was asked for:
+    # that status is older than what the pool knows, so it must not overwrite it.
+    changes: int = attrs.field(default=0, repr=False)
 
     @property
     def free(self) -> int | None:
@@ -211,6 +214,7 @@ class RunnerPool:
                 refusals[state.url] = exc
             except RunnerAtCapacity as exc:
                 state.full = True
+                state.changes += 1
                 refusals[state.url] = exc
             except GenerationMismatch as exc:
                 refusals[state.url] = exc
@@ -227,6 +231,7 @@ class RunnerPool:
                 self._holders[request.session_id] = state.url
                 if response.accepted and state.active_sessions is not None:
                     state.active_sessions += 1
+                state.changes += 1
                 return Placement(runner=state.url, response=response)
         raise NoRunnerAvailable(request.session_id, refusals)
 
@@ -339,6 +344,7 @@ class RunnerPool:
 
     async def _refresh_one(self, url: str) -> None:
         state, client = self._states[url], self._clients[url]
+        changes = state.changes
         try:
             await client.health()
             status = await client.status()
@@ -351,8 +357,9 @@ class RunnerPool:
         except (RunnerError, WireError) as exc:
             log.warning("runner %s: status refused: %s", url, exc)
             return
-        state.up, state.draining, state.full = True, status.draining, False
-        state.max_sessions, state.active_sessions = status.max_sessions, status.active_sessions
+        state.up, state.draining, state.max_sessions = True, status.draining, status.max_sessions
+        if state.changes == changes:
+            state.full, state.active_sessions = False, status.active_sessions
 
     async def _watch_status(self, url: str) -> None:
         assert self._watch_interval_s is not None
@@ -385,10 +392,12 @@ class RunnerPool:
             elif event == "ready":
                 state.up, state.draining, state.full = True, False, False
                 state.active_sessions = 0
+                state.changes += 1
                 for session_id in [s for s, holder in self._holders.items() if holder == url]:
                     del self._holders[session_id]
         elif record.body.get("name") == "curb.ended":
             self._forget(record.producer, url)
             state.full = False
+            state.changes += 1
             if state.active_sessions:
                 state.active_sessions -= 1

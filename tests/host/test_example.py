@@ -41,4 +41,4 @@ async def test_the_example_host_places_follows_and_resumes(tmp_path: Path) -> No
         (again,) = re.findall(r"^placed (\S+) on", second, re.MULTILINE)
         assert f"[{again}] ended (host_done)" in second
         # The saved cursors: nothing of the first run's calls is printed twice.
-        assert not any(session_id in second for session_id in placed)
+        assert not any(session_id in second for session_id in placed), (first, second)
