@@ -60,8 +60,8 @@ class RunnerState:
     full: bool = False
     max_sessions: int | None = None
     active_sessions: int | None = None
-    # Counts changed here (a placement, a refusal, a call ended) since a status was asked for:
-    # that status is older than what the pool knows, so it must not overwrite it.
+    # What the pool learned here (a placement, a refusal, a lifecycle record, a call ended)
+    # since a status was asked for: that status is older, so it must not overwrite it.
     changes: int = attrs.field(default=0, repr=False)
 
     @property
@@ -357,9 +357,10 @@ class RunnerPool:
         except (RunnerError, WireError) as exc:
             log.warning("runner %s: status refused: %s", url, exc)
             return
-        state.up, state.draining, state.max_sessions = True, status.draining, status.max_sessions
+        state.max_sessions = status.max_sessions  # a runner's setting: never stale
         if state.changes == changes:
-            state.full, state.active_sessions = False, status.active_sessions
+            state.up, state.draining, state.full = True, status.draining, False
+            state.active_sessions = status.active_sessions
 
     async def _watch_status(self, url: str) -> None:
         assert self._watch_interval_s is not None
@@ -384,6 +385,7 @@ class RunnerPool:
     def _saw(self, url: str, record: JournalRecord) -> None:
         state = self._states[url]
         if record.cls == "lifecycle":
+            state.changes += 1
             event = record.body.get("event")
             if event == "draining":
                 state.draining = True
@@ -392,7 +394,6 @@ class RunnerPool:
             elif event == "ready":
                 state.up, state.draining, state.full = True, False, False
                 state.active_sessions = 0
-                state.changes += 1
                 for session_id in [s for s, holder in self._holders.items() if holder == url]:
                     del self._holders[session_id]
         elif record.body.get("name") == "curb.ended":
