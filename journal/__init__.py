@@ -6,6 +6,8 @@ from ._journal import CursorTooOld as CursorTooOld
 from ._journal import Journal as Journal
 from ._journal import JournalClosed as JournalClosed
 from ._journal import JournalFile as JournalFile
+from ._journal import JournalUnavailable as JournalUnavailable
+from ._journal import JournalWriteFailed as JournalWriteFailed
 from ._journal import Record as Record
 from ._journal import Window as Window
 from ._journal import now_ms as now_ms

@@ -14,9 +14,13 @@ docs/journal.md says why, and docs/performance.md what each choice was measured 
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
+import fcntl
 import functools
 import json
+import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -36,6 +40,7 @@ import outcome
 import trio
 
 T = TypeVar("T")
+log = logging.getLogger("journal")
 
 DEFAULT_RETENTION_RECORDS = 4096
 _RECENT_LINES = 4096
@@ -88,6 +93,16 @@ class JournalClosed(Exception):
     """The journal no longer takes appends."""
 
 
+class JournalUnavailable(Exception):
+    """The file cannot be opened as this runner's journal. The message is one line naming it."""
+
+
+class JournalWriteFailed(Exception):
+    """A transaction failed and its records were not written: the message is SQLite's reason
+    (``database or disk is full``, ``disk I/O error``, ...). The journal goes on; a later
+    append may succeed once the cause is gone."""
+
+
 class CursorTooOld(Exception):
     """The records after ``requested`` were pruned before a reader got to them."""
 
@@ -119,7 +134,7 @@ def _prepare_connection(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA foreign_keys = ON")
 
 
-def _connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+def _connect(path: Path, *, readonly: bool = False, prepare: bool = True) -> sqlite3.Connection:
     if readonly:
         conn = sqlite3.connect(
             f"file:{path}?mode=ro", uri=True, check_same_thread=False, isolation_level=None
@@ -127,7 +142,80 @@ def _connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout = 5000")
         return conn
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-    _prepare_connection(conn)
+    if prepare:
+        _prepare_connection(conn)
+    return conn
+
+
+def _take_ownership(path: Path) -> int:
+    """Lock the journal file for this process: one runner owns a journal, or none starts.
+
+    An exclusive ``flock`` on the file itself, taken before SQLite opens it and held until
+    the journal closed (released by the kernel if the process dies). flock and SQLite's own
+    POSIX locks do not interact, and the descriptor is closed only after every connection.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JournalUnavailable(f"journal {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JournalUnavailable(
+            f"journal {path} is in use by another runner (one runner owns a journal)"
+        ) from None
+    return fd
+
+
+def _check_file(conn: sqlite3.Connection, path: Path, known_migrations: Sequence[str]) -> None:
+    """Refuse a damaged, foreign or newer file before anything is written to it.
+
+    Raises:
+        JournalUnavailable: With one line naming the file and the reason.
+    """
+    try:
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        applied: list[str] = []
+        if "_sqlite_migrations" in tables:
+            applied = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT name FROM _sqlite_migrations WHERE migration_set = 'curb-runner'"
+                )
+            ]
+    except sqlite3.DatabaseError as exc:
+        raise JournalUnavailable(f"journal {path} cannot be read: {exc}") from None
+    if problems != ["ok"]:
+        raise JournalUnavailable(
+            f"journal {path} is damaged (PRAGMA quick_check: {problems[0]}); restore it from a copy"
+            " or start with another --journal"
+        )
+    if tables and not applied:
+        raise JournalUnavailable(f"{path} is not a runner journal (an SQLite file of something else)")
+    newer = [name for name in applied if name not in known_migrations]
+    if newer:
+        raise JournalUnavailable(
+            f"journal {path} was written by a newer runner (migration {newer[0]} is unknown to this one)"
+        )
+
+
+def _open_writer(path: Path) -> sqlite3.Connection:
+    """The write connection of an owned journal file, checked, then prepared and migrated."""
+    from migrations import NAMES
+
+    conn = _connect(path, prepare=False)
+    try:
+        _check_file(conn, path, NAMES)
+        try:
+            _prepare_connection(conn)
+            migrate(conn)
+        except sqlite3.Error as exc:
+            raise JournalUnavailable(f"journal {path} cannot be opened for writing: {exc}") from None
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -140,6 +228,17 @@ def migrate(conn: sqlite3.Connection) -> None:
     from migrations import MIGRATIONS
 
     MIGRATIONS.apply(Database(conn))
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back what is left of a failed transaction, keeping the error that failed it.
+
+    SQLite rolls back by itself on some errors (a full disk); a ROLLBACK then fails with
+    "no transaction is active", which must not replace the real cause.
+    """
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
 
 
 # -- SQL: small sync functions that take a connection ---------------------------------------
@@ -359,7 +458,7 @@ class _Writer:
             conn.execute("DELETE FROM records WHERE envelope <= ?", (envelope - self.retention_records,))
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            rollback(conn)
             raise
         self.head = envelope
         for producer, seq in seqs.items():
@@ -466,6 +565,8 @@ class Journal:
         self._stopped = trio.Event()
         self._recent = _RecentLines(min(writer.retention_records, _RECENT_LINES), _RECENT_BYTES)
         self._closed = False
+        self.write_error: str | None = None
+        """Why the last transaction failed, until one commits again."""
 
     @property
     def head(self) -> int:
@@ -500,12 +601,16 @@ class Journal:
         Raises:
             JournalClosed: The journal is shutting down.
             TypeError: ``body`` is not a JSON object, or holds a value JSON has no form for.
-            ValueError: ``body`` holds NaN or an infinity.
-            sqlite3.Error: The transaction this record was in failed (so did the others in it).
+            ValueError: ``body`` holds NaN or an infinity, or ``producer`` or ``cls`` is not
+                Unicode text (a lone surrogate).
+            JournalWriteFailed: The transaction this record was in failed (so did the others in it).
         """
         if self._closed:
             await trio.lowlevel.checkpoint()
             raise JournalClosed("the journal is closed")
+        for name in (producer, cls):
+            # A lone surrogate would fail the whole transaction in SQLite: fail only this append.
+            name.encode("utf-8")
         encoded = _encode({k: v for k, v in body.items() if k != "type"}) if stamp else _encode(body)
         if not encoded.startswith("{"):
             raise TypeError("a record's body must be a JSON object")
@@ -559,6 +664,10 @@ class Journal:
                 began = time.perf_counter()
                 try:
                     result: outcome.Outcome[Any] = outcome.Value(self._writer.write(batch))
+                except sqlite3.Error as exc:
+                    failed = JournalWriteFailed(str(exc))
+                    failed.__cause__ = exc
+                    result = outcome.Error(failed)
                 except Exception as exc:  # noqa: BLE001 - any failure of a write goes back to its appenders
                     result = outcome.Error(exc)
                 token.run_sync_soon(self._committed, batch, result, time.perf_counter() - began)
@@ -580,6 +689,9 @@ class Journal:
     def _committed(self, batch: list[_Pending], result: outcome.Outcome[Any], seconds: float = 0.0) -> None:
         """In the Trio thread, once a batch committed (or failed): wake followers, then appenders."""
         if isinstance(result, outcome.Error):
+            if self.write_error is None:
+                log.error("journal %s: a write failed: %s", self.path, result.error)
+            self.write_error = str(result.error)
             # An outcome is unwrapped once, and an exception raised in several tasks would
             # gather all their tracebacks: each appender gets its own copy.
             for item in batch:
@@ -587,6 +699,9 @@ class Journal:
                     trio.lowlevel.reschedule(item.task, outcome.Error(copy.copy(result.error)))
             return
         records, lines, size = result.unwrap()
+        if self.write_error is not None:
+            log.warning("journal %s writes again (after: %s)", self.path, self.write_error)
+            self.write_error = None
         # Followers read the newest lines from memory: one SQL read per commit, not per follower.
         self._recent.add(records[0].envelope, lines, size)
         self._head = records[-1].envelope
@@ -693,12 +808,16 @@ async def open_journal(
     path = Path(path)
 
     def connect() -> tuple[_Writer, list[sqlite3.Connection]]:
-        conn = _connect(path)
-        migrate(conn)
+        conn = _open_writer(path)
         readers = [_connect(path, readonly=True) for _ in range(_READ_POOL)]
         return _Writer(conn, retention_records), readers
 
-    writer, readers = await trio.to_thread.run_sync(connect)
+    owner = _take_ownership(path)
+    try:
+        writer, readers = await trio.to_thread.run_sync(connect)
+    except BaseException:
+        os.close(owner)
+        raise
     journal = Journal(path, writer, readers)
     try:
         async with trio.open_nursery() as nursery:
@@ -708,8 +827,9 @@ async def open_journal(
             finally:
                 journal.close_nowait()
     finally:
-        for conn in [writer.conn, *readers]:
+        for conn in [*readers, writer.conn]:  # the writer last: it folds the WAL in
             conn.close()
+        os.close(owner)  # last: closing it releases the ownership
 
 
 # -- Reading a journal file from another process (runner replay) ----------------------------

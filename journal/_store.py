@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ._journal import ReaderPool, _connect, migrate, now_ms
+from ._journal import JournalWriteFailed, ReaderPool, _connect, migrate, now_ms, rollback
 
 _READ_POOL = 2
 
@@ -193,7 +193,7 @@ def _in_transaction(conn: sqlite3.Connection, fn: Callable[..., T], *args: Any) 
         result = fn(conn, *args)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback(conn)
         raise
     return result
 
@@ -511,7 +511,10 @@ class AgentStore:
 
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
         async with self._write_lock:
-            return await trio.to_thread.run_sync(_in_transaction, self._writer, fn, *args)
+            try:
+                return await trio.to_thread.run_sync(_in_transaction, self._writer, fn, *args)
+            except sqlite3.Error as exc:
+                raise JournalWriteFailed(str(exc)) from exc
 
     async def insert_token(
         self,
@@ -620,5 +623,5 @@ async def open_agent_store(path: str | Path) -> AsyncIterator[AgentStore]:
     try:
         yield AgentStore(writer, readers)
     finally:
-        for conn in [writer, *readers]:
+        for conn in [*readers, writer]:
             conn.close()

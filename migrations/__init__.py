@@ -24,6 +24,11 @@ def _register(name: str, sql: str) -> None:
     MIGRATIONS(name=name)(migrate)
 
 
-for _file in sorted(resources.files(__name__).iterdir(), key=lambda f: f.name):
-    if _file.name.endswith(".sql"):
-        _register(_file.name.removesuffix(".sql"), _file.read_text(encoding="utf-8"))
+_FILES = sorted(
+    (f for f in resources.files(__name__).iterdir() if f.name.endswith(".sql")), key=lambda f: f.name
+)
+for _file in _FILES:
+    _register(_file.name.removesuffix(".sql"), _file.read_text(encoding="utf-8"))
+
+NAMES: tuple[str, ...] = tuple(f.name.removesuffix(".sql") for f in _FILES)
+"""Every migration this runner knows; a journal that recorded another is from a newer runner."""

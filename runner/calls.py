@@ -16,11 +16,12 @@ from typing import Any, Literal, Protocol
 import attrs
 import trio
 
-from journal import Journal, now_ms
+from journal import Journal, JournalClosed, JournalWriteFailed, now_ms
 
 from .config import Config, Mode
 from .errors import (
     GenerationMismatch,
+    JournalUnwritable,
     NoHandler,
     NotAdjustable,
     RunnerAtCapacity,
@@ -63,6 +64,9 @@ KEEP_JSON_BYTES = 4096
 START_TIMEOUT_S = 15.0
 MAX_HELD_MESSAGES = 32
 END_REASON_CRASHED = "runner_crashed"
+STOP_GRACE_S = 5.0
+# After a drain stopped its calls: how long their ends may take before the runner stops anyway.
+STOP_DEADLINE_S = 10.0
 
 
 def keep_json(value: Any) -> tuple[Any, bool]:
@@ -219,6 +223,10 @@ class Call:
         self._stop_reason = "stopped"
         self._grace_ms = 0
         self._ended = trio.Event()
+        self.not_recorded: Exception | None = None
+        self._stopped = trio.Event()
+        # Why the last write of this call's record failed, while its curb.ended waits to be written.
+        self.record_error: str | None = None
         self.connected = trio.Event()
         # Host messages: ids taken (delivered, or held for delivery), and those held while starting.
         self._taken_ids: set[str] = set()
@@ -259,6 +267,27 @@ class Call:
         """Wait until the call is asked to end; return why. It leaves its room after this."""
         await self._stop_requested.wait()
         return self._stop_reason
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    async def wait_closed(self) -> None:
+        """Wait until the call stopped and its ``curb.ended`` is written.
+
+        Raises:
+            JournalUnwritable: The call stopped, but the journal cannot write its end now; the
+                call writes it once the journal can (so a retried stop answers then).
+        """
+        await self._stopped.wait()
+        while not self._ended.is_set():
+            if self.record_error is not None:
+                raise JournalUnwritable(
+                    f"the call stopped, but its curb.ended is not written yet: the journal cannot write"
+                    f" ({self.record_error}); it is written once the journal can"
+                )
+            with trio.move_on_after(0.05):
+                await self._ended.wait()
 
     async def deliver_host_message(self, message: HostMessage) -> bool:
         """Deliver a host message (see :meth:`_deliver_host_message`), counted by outcome."""
@@ -341,8 +370,11 @@ class Call:
         return await self.conversation.adjust(origin, update)
 
     async def run(self) -> None:
-        """The call's whole life. Always ends with ``curb.ended``."""
-        reason = "ended"
+        """The call's whole life: ``curb.started`` first, and once it is written, ``curb.ended`` last.
+
+        A call whose ``curb.started`` could not be written never starts: nothing of it is
+        recorded, and its start is refused.
+        """
         bind_session(self.session_id)
         began = trio.current_time()
         metrics = current_metrics()
@@ -358,14 +390,27 @@ class Call:
         entered = enter_span(span)
         try:
             await self.record.event("curb.started", self._started_payload())
-            if metrics is not None:
-                metrics.calls_started.labels(self._transport.name).inc()
-            log.info(
-                "call %s started (transport %s, %s)",
-                self.session_id,
-                self._transport.name,
-                self.start.direction,
-            )
+        except (JournalWriteFailed, JournalClosed) as exc:
+            self.not_recorded = exc
+            self.state = "ended"
+            self._start_outcome.set()
+            self._stopped.set()
+            if span is not None:
+                span.set_attribute("curb.end_reason", "not_recorded")
+                span.end()
+            exit_span(entered)
+            self._ended.set()
+            return
+        if metrics is not None:
+            metrics.calls_started.labels(self._transport.name).inc()
+        log.info(
+            "call %s started (transport %s, %s)",
+            self.session_id,
+            self._transport.name,
+            self.start.direction,
+        )
+        reason = "ended"
+        try:
             if self._conversation_factory is not None:
                 try:
                     self.conversation = self._conversation_factory(self.context, self.record)
@@ -383,22 +428,44 @@ class Call:
             self.state = "ended"
             self.end_reason = reason
             self._start_outcome.set()
+            self._stopped.set()
+            try:
+                await self._write_ended(reason)
+            finally:
+                log.info(
+                    "call %s ended (transport %s, reason %s) after %.1f s",
+                    self.session_id,
+                    self._transport.name,
+                    reason,
+                    trio.current_time() - began,
+                )
+                if metrics is not None:
+                    metrics.call_ended(reason)
+                if span is not None:
+                    span.set_attribute("curb.end_reason", reason)
+                    span.end()
+                exit_span(entered)
+                self._ended.set()
+
+    async def _write_ended(self, reason: str) -> None:
+        """Write ``curb.ended``; while the journal cannot write, retry until it can.
+
+        The first attempt is shielded. The retries are not: a shutdown that cannot wait
+        cancels them, and the next start closes the record (``runner_crashed``).
+        """
+        delay = 0.05
+        while True:
             with trio.CancelScope(shield=True):
-                await self.record.event("curb.ended", {"reason": reason}, closes=True)
-            log.info(
-                "call %s ended (transport %s, reason %s) after %.1f s",
-                self.session_id,
-                self._transport.name,
-                reason,
-                trio.current_time() - began,
-            )
-            if metrics is not None:
-                metrics.call_ended(reason)
-            if span is not None:
-                span.set_attribute("curb.end_reason", reason)
-                span.end()
-            exit_span(entered)
-            self._ended.set()
+                try:
+                    await self.record.event("curb.ended", {"reason": reason}, closes=True)
+                    self.record_error = None
+                    return
+                except JournalClosed:
+                    return
+                except JournalWriteFailed as exc:
+                    self.record_error = str(exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def _started_payload(self) -> dict[str, Any]:
         start = self.start
@@ -459,7 +526,10 @@ class Call:
         if self.conversation is not None:
             # Written once every task of the call stopped, so it counts everything.
             with trio.CancelScope(shield=True):
-                await self.record.event("curb.messages", self.conversation.messages_summary())
+                try:
+                    await self.record.event("curb.messages", self.conversation.messages_summary())
+                except JournalWriteFailed as exc:
+                    self.record_error = str(exc)  # logged by the journal; curb.ended still follows
         return self._stop_reason
 
     async def _pump_events(
@@ -525,6 +595,8 @@ class Runner:
         self.drain_reason = "drain_request"
         self._idle = trio.Event()
         self._idle.set()
+        self.unclosed: list[str] = []
+        """Calls whose ``curb.ended`` could not be written before the runner stopped."""
 
     @property
     def mode(self) -> Mode:
@@ -542,15 +614,31 @@ class Runner:
             task_status.started()
             await self._drain_requested.wait()
             self.draining = True
-            await emit_lifecycle(
-                self.journal,
-                LifecycleDraining(reason=self.drain_reason, active_sessions=len(self.calls)),  # type: ignore[arg-type]
-            )
+            try:
+                await emit_lifecycle(
+                    self.journal,
+                    LifecycleDraining(reason=self.drain_reason, active_sessions=len(self.calls)),  # type: ignore[arg-type]
+                )
+            except JournalWriteFailed as exc:
+                log.error("the draining record was not written: %s", exc)
             with trio.move_on_after(self.config.drain_grace_ms / 1000):
                 await self._idle.wait()
             for call in list(self.calls.values()):
-                call.stop_nowait("runner_draining", grace_ms=min(self.config.drain_grace_ms, 5000))
-            await self._idle.wait()
+                call.stop_nowait(
+                    "runner_draining", grace_ms=min(self.config.drain_grace_ms, int(STOP_GRACE_S * 1000))
+                )
+            # The deadline of the end: a call whose record cannot be closed (the journal cannot
+            # write) does not hold the process; the next start closes its record.
+            with trio.move_on_after(STOP_GRACE_S + STOP_DEADLINE_S):
+                await self._idle.wait()
+            if self.calls:
+                self.unclosed = sorted(self.calls)
+                log.error(
+                    "%d calls could not close their record (%s); the next start closes them",
+                    len(self.unclosed),
+                    ", ".join(self.unclosed[:5]),
+                )
+                nursery.cancel_scope.cancel()
         self._drained.set()
 
     async def wait_drained(self) -> None:
@@ -675,8 +763,15 @@ class Runner:
         self._idle = trio.Event()
         self._nursery.start_soon(self._run_call, call)
         error = await call.wait_started()
+        if call.not_recorded is not None:
+            if isinstance(call.not_recorded, JournalClosed):
+                raise RunnerDraining("this runner is shutting down; place the call on another runner")
+            raise JournalUnwritable(
+                f"the call was not started: the journal cannot write ({call.not_recorded});"
+                " place it on another runner"
+            )
         if error is not None:
-            await call.wait_ended()
+            await call.wait_closed()
             raise StartFailed(error)
         return call, True
 
@@ -697,7 +792,7 @@ class Runner:
         if call is None:
             return StopCallResponse(session_id=session_id, stopped=False)
         call.stop_nowait(reason, grace_ms)
-        await call.wait_ended()
+        await call.wait_closed()
         return StopCallResponse(session_id=session_id, stopped=True)
 
 

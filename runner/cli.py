@@ -99,6 +99,27 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--agent-token-connections", type=int, help="open sockets one token may hold (default: no limit)"
     )
+    parser.add_argument(
+        "--agent-max-unsent-bytes",
+        type=int,
+        help="an agent socket this far behind in reading is closed with 4006 (default 8388608)",
+    )
+    parser.add_argument(
+        "--http-keep-alive-s",
+        type=float,
+        help="an idle connection, or one whose request head is incomplete, closes after this (default 5)",
+    )
+    parser.add_argument(
+        "--http-body-timeout-s", type=float, help="a request's body must arrive within this (default 30)"
+    )
+    parser.add_argument(
+        "--http-send-timeout-s",
+        type=float,
+        help="a client that reads nothing for this long is disconnected (default 30)",
+    )
+    parser.add_argument(
+        "--http-max-connections", type=int, help="connections each listener holds at once (default 1024)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -206,6 +227,11 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
         credit_pool=args.credit_pool,
         agent_token_turns_per_minute=args.agent_token_turns_per_minute,
         agent_token_connections=args.agent_token_connections,
+        agent_max_unsent_bytes=args.agent_max_unsent_bytes,
+        http_keep_alive_s=args.http_keep_alive_s,
+        http_body_timeout_s=args.http_body_timeout_s,
+        http_send_timeout_s=args.http_send_timeout_s,
+        http_max_connections=args.http_max_connections,
         max_sessions=_max_sessions(args, mode),
         deployment_id=getattr(args, "deployment_id", None),
         configuration_version=getattr(args, "configuration_version", None),
@@ -293,6 +319,7 @@ def _serve(args: argparse.Namespace) -> int:
             credit_pool=config.credit_pool,
             token_turns_per_minute=config.agent_token_turns_per_minute,
             token_connections=config.agent_token_connections,
+            max_unsent_bytes=config.agent_max_unsent_bytes,
         ),
     )
     if dev is not None:
@@ -421,6 +448,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        from .runtime import StartupRefused
+
+        refused = exc
+        if isinstance(exc, BaseExceptionGroup):
+            found, rest = exc.split(StartupRefused)
+            if found is not None and rest is None:
+                refused = found.exceptions[0]
+        if isinstance(refused, StartupRefused):
+            # Refused before anything changed (a taken port, a journal in use or unusable): one line.
+            print(f"runner: {refused}", file=sys.stderr)
+            return 1
         # A warmup failure: no ready line, a non-zero exit, and the cause on stderr.
         log.error("the runner failed: %s", exc, exc_info=exc)
         return 1

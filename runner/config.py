@@ -66,6 +66,11 @@ class Config:
     agent_token_connections: int | None = None
     keep_journal: bool = True  # a worker started with --no-journal keeps none
     metrics_address: str | None = None
+    agent_max_unsent_bytes: int = 8 << 20
+    http_keep_alive_s: float = 5.0
+    http_body_timeout_s: float = 30.0
+    http_send_timeout_s: float = 30.0
+    http_max_connections: int = 1024
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
@@ -131,6 +136,10 @@ class Config:
         for field in ("agent_token_turns_per_minute", "agent_token_connections"):
             limit = getattr(config, field)
             check(field, limit is None or limit >= 1, "must be at least 1")
+        for field in ("http_keep_alive_s", "http_body_timeout_s", "http_send_timeout_s"):
+            check(field, getattr(config, field) > 0, "must be positive")
+        check("http_max_connections", config.http_max_connections >= 1, "must be at least 1")
+        check("agent_max_unsent_bytes", config.agent_max_unsent_bytes >= 1, "must be at least 1")
         version = config.configuration_version
         check("configuration_version", version is None or version >= 1, "must be a positive integer")
         return config

@@ -79,12 +79,27 @@ class InvalidRequest(RunnerError):
         return cls(body.detail, body.issues)
 
 
+class PayloadTooLarge(InvalidRequest):
+    """A body over the listener's limit (1 MiB): ``invalid_request`` with HTTP's own 413."""
+
+    status = 413
+
+
 class SessionNotFound(RunnerError):
     status = 404
     code = "session_not_found"
 
 
 class RunnerAtCapacity(RunnerError):
+    status = 409
+    code = "runner_at_capacity"
+
+
+class JournalUnwritable(RunnerError):
+    """The journal cannot write (a full disk, an I/O error): nothing was recorded, so nothing is
+    acknowledged. ``runner_at_capacity``: this runner cannot take it now; place or retry elsewhere
+    (docs/operations.md)."""
+
     status = 409
     code = "runner_at_capacity"
 

@@ -7,6 +7,7 @@ before anything listens; ``ready`` is printed only once the listener is bound;
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -24,9 +25,17 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from journal import open_agent_store, open_journal
+from journal import JournalUnavailable, JournalWriteFailed, open_agent_store, open_journal
 
-from .api import create_management_app, create_metrics_app, create_public_app
+from .api import (
+    HttpLimits,
+    Listening,
+    create_management_app,
+    create_metrics_app,
+    create_public_app,
+    listen,
+    serve_http,
+)
 from .api._playground import Playground
 from .calls import ConversationFactory, Runner, close_open_calls
 from .config import Config
@@ -60,6 +69,20 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+class StartupRefused(Exception):
+    """The runner cannot start as configured; the message is one line for the operator."""
+
+
+def _listen(address: str, limits: HttpLimits) -> Listening:
+    """Bind and listen now, before the journal is touched: a taken port changes nothing."""
+    try:
+        return listen(
+            address, limits, errorlog=logging.getLogger("hypercorn.error"), graceful_s=_SHUTDOWN_GRACE_S
+        )
+    except OSError as exc:
+        raise StartupRefused(f"cannot listen on {address}: {exc.strerror or exc}") from None
+
+
 def resolve_token(config: Config, environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
     """The management token: from the environment, else one made for this journal.
 
@@ -71,15 +94,23 @@ def resolve_token(config: Config, environ: dict[str, str] | os._Environ[str] = o
     if token:
         return token
     path = config.token_file or Path(f"{config.journal_path}.token")
-    if path.exists():
-        token = path.read_text(encoding="utf-8").strip()
-    if not token:
-        token = secrets.token_urlsafe(32)
+    if path.is_symlink():
+        # Followed, it would be read from (and chmod'ed at) wherever it points.
+        raise StartupRefused(f"the token file {path} is a symbolic link; remove it or set {TOKEN_ENV}")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(token + "\n")
-    os.chmod(path, 0o600)
+        # O_NOFOLLOW: a link put there after the check is refused too.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "r+", encoding="utf-8") as file:
+            os.fchmod(fd, 0o600)
+            token = file.read().strip()
+            if not token:
+                token = secrets.token_urlsafe(32)
+                file.seek(0)
+                file.truncate()
+                file.write(token + "\n")
+    except OSError as exc:
+        raise StartupRefused(f"the token file {path}: {exc.strerror or exc}") from None
     log.info("%s is not set; the management token is in %s", TOKEN_ENV, path)
     return token
 
@@ -160,6 +191,59 @@ async def serve_runner(
         task_status: Started with the bound address and the runner, once ready.
     """
     started_at = time.monotonic() if started_at is None else started_at
+    # The order is the contract: listen, own the journal, recover, then serve. Each step that
+    # can be refused (a taken port, a journal in use, damaged or foreign) is refused before
+    # the next one changes anything.
+    limits = HttpLimits(
+        keep_alive_s=config.http_keep_alive_s,
+        body_s=config.http_body_timeout_s,
+        send_s=config.http_send_timeout_s,
+        max_connections=config.http_max_connections,
+        shutdown_s=_SHUTDOWN_GRACE_S,
+    )
+    with contextlib.ExitStack() as listeners:
+        management = _listen(config.address, limits)
+        listeners.callback(management.close)
+        public: Listening | None = None
+        if agent_socket is not None:
+            public = _listen(config.public_address, limits)
+            listeners.callback(public.close)
+        try:
+            return await _serve_runner(
+                config,
+                management,
+                public,
+                token=token,
+                transports=transports,
+                conversation_factory=conversation_factory,
+                join=join,
+                experiment_chooser=experiment_chooser,
+                handle_signals=handle_signals,
+                started_at=started_at,
+                agent_socket=agent_socket,
+                worker=worker,
+                task_status=task_status,
+            )
+        except JournalUnavailable as exc:
+            raise StartupRefused(str(exc)) from None
+
+
+async def _serve_runner(
+    config: Config,
+    management: Listening,
+    public: Listening | None,
+    *,
+    token: str,
+    transports: Sequence[Transport],
+    conversation_factory: ConversationFactory | None,
+    join: StartCallRequest | None,
+    experiment_chooser: Callable[[StartCallRequest], Mapping[str, str]] | None,
+    handle_signals: bool,
+    started_at: float,
+    agent_socket: AgentSocketSetup | None,
+    worker: WorkerSetup | None,
+    task_status: trio.TaskStatus[tuple[str, Runner]],
+) -> Outcome:
     exit_code = 0
     # Every task of this runner counts into its own registry (see runner.telemetry).
     metrics = Metrics()
@@ -174,9 +258,12 @@ async def serve_runner(
         journal = await stack.enter_async_context(
             open_journal(journal_path, retention_records=config.retention_records)
         )
-        closed = await close_open_calls(journal)
-        if closed:
-            await emit_lifecycle(journal, LifecycleRecovered(closed_sessions=closed))
+        try:
+            closed = await close_open_calls(journal)
+            if closed:
+                await emit_lifecycle(journal, LifecycleRecovered(closed_sessions=closed))
+        except JournalWriteFailed as exc:
+            raise StartupRefused(f"journal {journal.path} cannot write: {exc}") from None
         socket_transport = WebSocketTransport() if agent_socket is not None else None
         runner = Runner(
             config,
@@ -227,44 +314,34 @@ async def serve_runner(
                 await nursery.start(AgentWorker(runner, worker).serve)
             http_done = trio.Event()
 
-            async def serve_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-                await hypercorn_serve(
-                    app,
-                    _hypercorn_config(config.address),
-                    shutdown_trigger=shutdown.wait,
-                    task_status=task_status,
-                )
-                http_done.set()
+            async def serve(
+                app: object, listening: Listening, done: trio.Event, *, task_status: trio.TaskStatus[str]
+            ) -> None:
+                try:
+                    await serve_http(app, listening, shutdown, task_status=task_status)
+                finally:
+                    done.set()
 
-            binds = await nursery.start(serve_http)
-            address = binds[0].split("://", 1)[-1]
+            address = await nursery.start(serve, app, management, http_done)
             public_done = trio.Event()
             public_done.set()
-            if sockets is not None:
+            if sockets is not None and public is not None:
                 public_done = trio.Event()
                 await nursery.start(sockets.serve)
-
-                async def serve_public(*, task_status: trio.TaskStatus[list[str]]) -> None:
-                    # A dev runner also serves the playground page: the author's own listener.
-                    playground = (
-                        Playground(
-                            runner=runner, journal=journal, heartbeat_ms=config.heartbeat_ms, closing=closing
-                        )
-                        if config.mode == "dev"
-                        else None
+                # A dev runner also serves the playground page: the author's own listener.
+                playground = (
+                    Playground(
+                        runner=runner, journal=journal, heartbeat_ms=config.heartbeat_ms, closing=closing
                     )
-                    await hypercorn_serve(
-                        create_public_app(sockets, playground=playground),
-                        _hypercorn_config(config.public_address),
-                        shutdown_trigger=shutdown.wait,
-                        task_status=task_status,
-                    )
-                    public_done.set()
-
-                public_binds = await nursery.start(serve_public)
-                print(PUBLIC_LINE + public_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
+                    if config.mode == "dev"
+                    else None
+                )
+                public_address = await nursery.start(
+                    serve, create_public_app(sockets, playground=playground), public, public_done
+                )
+                print(PUBLIC_LINE + public_address, file=sys.stderr, flush=True)
                 if config.mode == "dev":
-                    print(PLAYGROUND_LINE + public_binds[0] + "/", file=sys.stderr, flush=True)
+                    print(PLAYGROUND_LINE + "http://" + public_address + "/", file=sys.stderr, flush=True)
             signal_scope = trio.CancelScope()
             if handle_signals:
                 # Before the ready line: a signal right after it is a drain, never a traceback.
@@ -288,10 +365,13 @@ async def serve_runner(
                 metrics_binds = await nursery.start(serve_metrics)
                 print(METRICS_LINE + metrics_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
             warmup_ms = int((time.monotonic() - started_at) * 1000)
-            await emit_lifecycle(
-                journal,
-                LifecycleReady(address=address, max_sessions=config.max_sessions, warmup_ms=warmup_ms),
-            )
+            try:
+                await emit_lifecycle(
+                    journal,
+                    LifecycleReady(address=address, max_sessions=config.max_sessions, warmup_ms=warmup_ms),
+                )
+            except JournalWriteFailed as exc:
+                raise StartupRefused(f"journal {journal.path} cannot write: {exc}") from None
             task_status.started((address, runner))
             if join is not None:
                 nursery.start_soon(run_joined_call)
@@ -299,7 +379,13 @@ async def serve_runner(
             reason = f"drained: {runner.drain_reason}"
             if not joined_ok:
                 exit_code, reason = 1, "start_failed"
-            await emit_lifecycle(journal, LifecycleEnded(reason=reason))
+            if runner.unclosed:
+                exit_code = 1
+            try:
+                await emit_lifecycle(journal, LifecycleEnded(reason=reason))
+            except JournalWriteFailed as exc:
+                log.error("the ended record was not written: %s", exc)
+                exit_code = 1
             # Streams send what is left (ended included), then the listener closes.
             closing.set()
             shutdown.set()

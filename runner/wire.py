@@ -8,6 +8,8 @@ and unknown fields are ignored, as the protocol asks. Pure: no Trio, no Quart.
 from __future__ import annotations
 
 import json
+import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -42,6 +44,24 @@ class FieldError(ValueError):
 def _non_empty(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and value == "":
         raise FieldError(attribute.name, "must be a non-empty string")
+
+
+# The session-id alphabet (docs/host-protocol.md): it is a URL path segment and a journal
+# producer, so no "/" or "%" and nothing that needs escaping, and not the runner's own producer.
+SESSION_ID_MAX = 128
+_SESSION_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:@+=~-]{{0,{SESSION_ID_MAX - 1}}}")
+RESERVED_PRODUCERS = frozenset({"runner"})
+
+
+def _session_id(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _SESSION_ID.fullmatch(value):
+        raise FieldError(
+            attribute.name,
+            f"must be 1 to {SESSION_ID_MAX} characters of A-Z a-z 0-9 . _ : @ + = ~ -,"
+            " starting with a letter or digit",
+        )
+    if value in RESERVED_PRODUCERS:
+        raise FieldError(attribute.name, f"{value!r} is reserved for the runner's own records")
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -197,7 +217,7 @@ Lifecycle = LifecycleReady | LifecycleDraining | LifecycleEnded | LifecycleRecov
 class StartCallRequest:
     """``POST /v1/sessions``. Strings non-empty; unknown fields ignored."""
 
-    session_id: str = attrs.field(validator=_non_empty)
+    session_id: str = attrs.field(validator=_session_id)
     realtime_url: str = attrs.field(validator=_non_empty)
     realtime_token: str = attrs.field(validator=_non_empty)
     deployment_id: str | None = attrs.field(default=None, validator=_non_empty)
@@ -596,28 +616,78 @@ def _issues(exc: BaseException, path: list[str | int]) -> list[Issue]:
     return [Issue(path=path, message=message)]
 
 
+MAX_JSON_DEPTH = 128
+"""Objects and arrays nested deeper than this are refused (docs/host-protocol.md)."""
+
+
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:32]} is too large for a number")
+    return value
+
+
 # One decoder: json.loads with any option builds a new one per call, which costs as much as
 # parsing a small record (a host's follower parses every stream line).
-_DECODER = json.JSONDecoder(parse_constant=_not_json)
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+
+
+def _check_text(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a string holds a lone surrogate: not Unicode text") from None
+
+
+def _check_value(value: Any, *, depth: bool, text: bool) -> None:
+    """Refuse containers nested deeper than MAX_JSON_DEPTH, and (``text``) lone surrogates."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            if depth and level > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+            for key, child in item.items():
+                if text:
+                    _check_text(key)
+                stack.append((child, level + 1))
+        elif isinstance(item, list):
+            if depth and level > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend((child, level + 1) for child in item)
+        elif text and isinstance(item, str):
+            _check_text(item)
 
 
 def parse_json(text: str | bytes) -> Any:
-    """Parse JSON as RFC 8259 defines it.
+    """Parse JSON as RFC 8259 defines it, as this runner can keep it.
 
-    Python's ``json`` also reads ``NaN``, ``Infinity`` and ``-Infinity``; nothing on the
-    wire may carry them (the journal could not keep them, and no host could read them back).
+    Refused, as no record could keep them and no host could read them back: ``NaN``,
+    ``Infinity`` and ``-Infinity`` (which Python's ``json`` reads), a number too large for
+    a double (``1e999``), a lone surrogate escaped in a string (``"\\ud800"``: strings are
+    Unicode scalar values), and nesting deeper than :data:`MAX_JSON_DEPTH`.
 
     Raises:
-        ValueError: ``text`` is not JSON.
+        ValueError: ``text`` is not such JSON.
     """
+    raw = not isinstance(text, str)
     if not isinstance(text, str):
-        # What json.loads does with bytes.
+        # What json.loads does with bytes (surrogates encoded in the bytes come through).
         text = text.decode(json.detect_encoding(text), "surrogatepass")
-    return _DECODER.decode(text)
+    try:
+        value = _DECODER.decode(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    deep = text.count("[") + text.count("{") > MAX_JSON_DEPTH
+    escaped = "\\u" in text or (raw and not text.isascii())
+    if deep or escaped:
+        _check_value(value, depth=deep, text=escaped)
+    return value
 
 
 def decode(cls: type[T], value: Any) -> T:

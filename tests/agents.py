@@ -286,3 +286,12 @@ observed = Agent(
 def forecast(ctx: Context, city: str) -> str:
     """Tell the weather forecast for a city."""
     return f"In {city} it is sunny."
+
+
+@messenger.on_message("deep", sender="host")
+def _deep(ctx: Context, payload: dict[str, Any]) -> Any:
+    """``{depth: N}``: reply with a value nested N arrays deep (tests/faults/test_bad_input.py)."""
+    reply: Any = []
+    for _ in range(int(payload.get("depth", 1)) - 1):
+        reply = [reply]
+    return reply

@@ -116,16 +116,18 @@ async def start_runner(
     wait_ready: bool = True,
     stdin: bool = False,
     cwd: Path | None = None,
+    prefix: Sequence[str] = (),
 ) -> AsyncIterator[RunnerProcess]:
     """Start ``runner COMMAND AGENT`` on a free loopback port; stop it (by pid) on exit.
 
     With ``stdin``, the process reads a pipe the test writes (``runner.type(line)``).
 
     The default agent writes nothing of its own, so a test can count a call's records.
+    ``prefix`` runs the runner through another command (one that ends by exec'ing it).
     """
     environ = {**os.environ, "CURB_MANAGEMENT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = await trio.lowlevel.open_process(
-        runner_argv(command, journal, *extra, agent=agent),
+        [*prefix, *runner_argv(command, journal, *extra, agent=agent)],
         stdin=subprocess.PIPE if stdin else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

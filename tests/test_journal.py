@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from journal import CursorAhead, CursorTooOld, JournalClosed, JournalFile, open_journal
+from journal import CursorAhead, CursorTooOld, JournalClosed, JournalFile, JournalWriteFailed, open_journal
 
 
 async def test_concurrent_appends_are_gapless_and_seq_is_per_producer(tmp_path: Path) -> None:
@@ -271,7 +271,7 @@ async def test_a_failed_transaction_fails_its_appends_and_the_journal_goes_on(tm
         failed: list[BaseException] = []
 
         async def append(n: int) -> None:
-            with pytest.raises(sqlite3.OperationalError) as raised:
+            with pytest.raises(JournalWriteFailed) as raised:
                 await journal.append(f"p{n}", "c", {"n": n})
             failed.append(raised.value)
 

@@ -957,7 +957,17 @@ class AgentRuntime:
             except Exception as exc:  # noqa: BLE001 - an author's handler may raise anything; the sender is told it failed
                 log.warning("handler for %r from %s failed: %s", key, sender, exc)
                 failures.append(f"{type(exc).__name__}: {exc}")
-        reply = encode(reply) if reply is not None else None
+        if reply is not None:
+            try:
+                reply = encode(reply)
+                # Held to the rules of every body (depth, numbers, Unicode), so a record keeps it.
+                parse_json(json.dumps(reply, separators=(",", ":")))
+            except (RecursionError, ValueError, TypeError) as exc:
+                log.warning(
+                    "handler for %r from %s replied with what no record can keep: %s", key, sender, exc
+                )
+                failures.append(f"its reply is not JSON a record can keep: {type(exc).__name__}: {exc}")
+                reply = None
         if failures:
             await self._event("curb.message", {**event, "outcome": "handler_failed", "error": failures[0]})
             raise HandlerFailed(f"handler_failed: a handler of {key!r} raised {failures[0]}")

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import TYPE_CHECKING
 
 import trio
-from quart import Response, request
+from quart import Response, request, websocket
 from quart_trio import QuartTrio
 
 from journal import Journal
 
-from ..errors import InvalidRequest, NoJournal, NotFound, RunnerTakesNoCalls, Unauthorized, UnknownVersion
+from ..errors import (
+    InvalidRequest,
+    NoJournal,
+    NotFound,
+    PayloadTooLarge,
+    RunnerTakesNoCalls,
+    Unauthorized,
+    UnknownVersion,
+)
 from ..telemetry import Metrics
 from ..wire import (
     PROTOCOL_VERSION,
@@ -23,7 +30,16 @@ from ..wire import (
     StartCallRequest,
     StartCallResponse,
 )
-from ._common import install_error_handlers, json_body_response, json_response, read_body, read_json
+from ._common import (
+    MAX_BODY_BYTES,
+    bearer_matches,
+    error_response,
+    install_error_handlers,
+    json_body_response,
+    json_response,
+    read_body,
+    read_json,
+)
 from ._events import check_cursor, parse_cursor, stream_lines
 from ._metrics import metrics_response
 
@@ -65,19 +81,25 @@ def create_management_app(
             (``runner start --no-journal``): its events stream answers 404 ``no_journal``.
     """
     app = QuartTrio("runner.management")
-    app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     install_error_handlers(app)
-    expected = f"Bearer {token}".encode()
 
     @app.before_request
     async def authenticate() -> None:
         if request.path == "/health":
             return
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        if not bearer_matches(request.headers.get("Authorization", ""), token):
             raise Unauthorized()
         if not request.path.startswith("/v1/"):
             raise UnknownVersion(f"{request.path} is not under a protocol version; this runner speaks /v1/")
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
+
+    @app.before_websocket
+    async def no_websockets() -> Response:
+        # The management listener serves no WebSocket: a handshake is answered like any request.
+        if not bearer_matches(websocket.headers.get("Authorization", ""), token):
+            return error_response(Unauthorized())
+        return error_response(NotFound(f"no WebSocket at {websocket.path}"))
 
     @app.get("/health")
     async def health() -> Response:

@@ -17,7 +17,7 @@ from .. import ino_wire as w
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..transports.websocket import AgentSocketService
 from ..wire import parse_json
-from ._common import install_error_handlers
+from ._common import bearer_credential, install_error_handlers
 from ._playground import Playground, install_playground
 
 
@@ -62,11 +62,10 @@ async def _body(cls: type[Any]) -> Any:
 
 
 def _bearer() -> str:
-    header = request.headers.get("Authorization", "")
-    scheme, _, credential = header.partition(" ")
-    if scheme.lower() != "bearer" or not credential:
+    credential = bearer_credential(request.headers.get("Authorization", ""))
+    if credential is None:
         raise Unauthorized()
-    return credential.strip()
+    return credential
 
 
 def create_public_app(service: AgentSocketService, *, playground: Playground | None = None) -> QuartTrio:
@@ -76,7 +75,6 @@ def create_public_app(service: AgentSocketService, *, playground: Playground | N
     ``/dev/...`` routes.
     """
     app = QuartTrio("runner.public")
-    app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     install_error_handlers(app)
     if playground is not None:
         install_playground(app, service, playground)

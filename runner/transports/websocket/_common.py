@@ -24,6 +24,9 @@ AUTH_TIMEOUT_S = 10.0
 DEFAULT_IDLE_SECONDS = 300
 MAX_RECORDING_BYTES = 10_000_000
 MAX_TRANSCRIBING = 3
+# Frames queued for a client that has not read them yet; past it the socket closes with 4006
+# (the default of AgentSocketSetup.max_unsent_bytes, --agent-max-unsent-bytes).
+MAX_UNSENT_BYTES = 8 << 20
 MAX_CONNECTIONS_PER_END_USER = 3
 DEFAULT_TTL_SECONDS = 600
 MAX_TTL_SECONDS = 86_400
@@ -121,6 +124,7 @@ class SocketHost(Protocol):
     """
 
     idle_seconds: int
+    max_unsent_bytes: int
     platform: Platform
     connections: set[Any]
 
@@ -145,6 +149,8 @@ class AgentSocketSetup:
             turns spent them, sockets close with 4005. ``None``: no pool.
         token_turns_per_minute: Turns one token may take a minute (4006 past it); ``None``: no limit.
         token_connections: Open sockets one token may hold (4006 past it); ``None``: no limit.
+        max_unsent_bytes: Frames queued for a client that has not read them; past it the
+            socket closes with 4006 ("slow down and reconnect").
     """
 
     agent: Agent
@@ -153,3 +159,4 @@ class AgentSocketSetup:
     credit_pool: float | None = None
     token_turns_per_minute: int | None = None
     token_connections: int | None = None
+    max_unsent_bytes: int = MAX_UNSENT_BYTES

@@ -30,6 +30,8 @@ from ._common import (
 )
 from ._frames import frames_of
 
+_FLUSH_S = 15.0
+
 # -- One socket ------------------------------------------------------------------------------
 
 
@@ -56,7 +58,10 @@ class Connection:
         self.closing: _Close | None = None
         self.close_after_turn: _Close | None = None
         self.last_activity = trio.current_time()
+        # Unbounded as a channel, bounded in bytes: a client that falls max_unsent_bytes
+        # behind is closed with 4006 ("slow down and reconnect") rather than held in memory.
         self._out_send, self._out = trio.open_memory_channel[str | bytes | _Close](math.inf)
+        self._unsent = 0
         self._reading = trio.CancelScope()
         self._counted = False
 
@@ -67,7 +72,7 @@ class Connection:
         if self.closing is not None:
             return
         self.seq += 1
-        self._out_send.send_nowait(w.encode_frame(frame, self.seq))
+        self._queue(w.encode_frame(frame, self.seq))
         self.last_activity = trio.current_time()
 
     def deliver(self, event: ConversationEvent) -> None:
@@ -85,7 +90,23 @@ class Connection:
 
     def send_binary(self, pcm: bytes) -> None:
         if self.closing is None and pcm:
-            self._out_send.send_nowait(pcm)
+            self._queue(pcm)
+
+    def _queue(self, data: str | bytes) -> None:
+        self._unsent += len(data)
+        limit = self.service.max_unsent_bytes
+        if self._unsent <= limit:
+            self._out_send.send_nowait(data)
+            return
+        # Fallen too far behind: what it has not read is dropped, and the close goes next.
+        while True:
+            try:
+                self._out.receive_nowait()
+            except trio.WouldBlock:
+                break
+        self._unsent = 0
+        log.warning("an agent socket fell %d bytes behind in reading: closing it with 4006", limit)
+        self.close_nowait(4006, f"the client fell {limit} bytes behind: read faster, then reconnect")
 
     def close_nowait(self, code: int, reason: str | None = None) -> None:
         """Close after what is queued: the writer sends the close frame last."""
@@ -122,8 +143,9 @@ class Connection:
                         await self.io.close(item.code, item.reason)
                     return
                 await self.io.send(item)
+                self._unsent -= len(item)
             except Exception as exc:  # noqa: BLE001 - any write failure: the peer is gone; the reader learns it too
-                log.info("socket write failed: %s", exc)
+                log.info("socket write failed: %r", exc)
                 self._reading.cancel()
                 return
 
@@ -161,7 +183,9 @@ class Connection:
                     writing.cancel_scope.cancel()  # the peer left: nobody to say goodbye to
                 else:
                     self._out_send.close()
-                    writing.cancel_scope.deadline = trio.current_time() + _CLOSE_S
+                    # What is queued, then the close frame, may take a client that reads slowly
+                    # this long to take (the listener's write deadline bounds each write too).
+                    writing.cancel_scope.deadline = trio.current_time() + _FLUSH_S
 
     async def _run(self, tasks: trio.Nursery) -> None:
         auth = await self._receive_auth()
@@ -184,7 +208,8 @@ class Connection:
                 self.send(w.Error(code="validation_failed", message=str(exc), recording_id=exc.recording_id))
                 continue
             if isinstance(verb, w.Ping):
-                self._out_send.send_nowait(w.PONG)
+                if self.closing is None:
+                    self._queue(w.PONG)
                 continue
             self.last_activity = trio.current_time()
             await self._on_verb(verb, tasks)

@@ -66,6 +66,9 @@ class AgentSocketService:
         self.agent_id = self.platform.agent_id
         self.api_key = setup.api_key
         self.idle_seconds = setup.idle_seconds
+        self.max_unsent_bytes = setup.max_unsent_bytes
+        self.credit_pool = setup.credit_pool
+        self.token_turns_per_minute = setup.token_turns_per_minute
         self.token_connections = setup.token_connections
         self.connections: set[Connection] = set()
         self._per_end_user: dict[str, int] = {}

@@ -1,0 +1,270 @@
+"""The HTTP server of both listeners: Hypercorn's Trio worker, with an unattended runner's limits.
+
+Hypercorn serves the protocol; this module adds what it leaves open (docs/operations.md):
+
+- the socket is bound by :func:`listen`, before the journal is opened, so a taken port is
+  refused before anything changes;
+- at most ``max_connections`` connections at once: past the cap, new ones wait in the
+  kernel's backlog rather than taking a descriptor each;
+- a write to a client that reads nothing fails after ``send_s`` (Hypercorn shields its
+  writes from cancellation, so a stuck reader would otherwise hold its connection, and
+  the process at shutdown, for ever);
+- a request's whole body must arrive within ``body_s``, else ``400 invalid_request``;
+- a connection is always closed when Hypercorn means to close it (it closes from inside
+  the app's task, which Quart may be cancelling: the close must not be cancellable);
+- once the listener closes, open connections get ``shutdown_s`` to finish.
+
+An idle keep-alive connection, and one whose request head never completes, is closed
+after ``keep_alive_s`` by Hypercorn itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Sockets
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr, wrap_app
+
+
+@attrs.frozen(kw_only=True)
+class HttpLimits:
+    """The limits of one listener (flags: ``--http-*``)."""
+
+    keep_alive_s: float = 5.0
+    body_s: float = 30.0
+    send_s: float = 30.0
+    max_connections: int = 1024
+    shutdown_s: float = 5.0
+
+
+@attrs.frozen
+class Listening:
+    """A bound, listening socket and the Hypercorn configuration that will serve it."""
+
+    config: HypercornConfig
+    sockets: Sockets
+    limits: HttpLimits
+
+    def close(self) -> None:
+        for sock in self.sockets.insecure_sockets:
+            sock.close()
+
+
+def listen(address: str, limits: HttpLimits, *, errorlog: Any, graceful_s: float) -> Listening:
+    """Bind and listen on ``address`` now.
+
+    Raises:
+        OSError: The address is taken or cannot be bound.
+    """
+    config = HypercornConfig()
+    config.bind = [address]
+    config.accesslog = None
+    config.errorlog = errorlog
+    config.graceful_timeout = graceful_s
+    config.keep_alive_timeout = limits.keep_alive_s
+    sockets = config.create_sockets()
+    try:
+        for sock in sockets.insecure_sockets:
+            sock.listen(config.backlog)
+    except OSError:
+        for sock in sockets.insecure_sockets:
+            sock.close()
+        raise
+    return Listening(config, sockets, limits)
+
+
+class _Guard:
+    """What every connection of one listener shares: the cap and the deadline of writes."""
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self.slots = trio.Semaphore(limits.max_connections)
+        self.send_s = limits.send_s
+        self.shutdown_at = math.inf
+        self._sending: set[trio.CancelScope] = set()
+
+    @contextmanager
+    def sending(self) -> Iterator[trio.CancelScope]:
+        scope = trio.CancelScope(deadline=min(trio.current_time() + self.send_s, self.shutdown_at))
+        self._sending.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._sending.discard(scope)
+
+    def shut_down(self, at: float) -> None:
+        """Writes in flight, and later ones, end by ``at``."""
+        self.shutdown_at = at
+        for scope in self._sending:
+            scope.deadline = min(scope.deadline, at)
+
+
+class _Stream(trio.abc.HalfCloseableStream):
+    """One accepted connection: its writes have a deadline, its close cannot be cancelled."""
+
+    def __init__(self, inner: trio.SocketStream, guard: _Guard) -> None:
+        self._inner = inner
+        self._guard = guard
+        self._held = True
+
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        return self._inner.socket
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with self._guard.sending() as scope:
+            await self._inner.send_all(data)
+        if scope.cancelled_caught:
+            # A write cut short leaves the stream in no known state: it is over.
+            self._release()
+            self._inner.socket.close()
+            raise trio.BrokenResourceError(f"the client read nothing for {self._guard.send_s:g} s")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        # Synchronous, then a checkpoint that is never cancelled: Hypercorn calls this from
+        # inside a request's task that Quart may be cancelling, and the close must happen.
+        with contextlib.suppress(OSError):
+            self._inner.socket.shutdown(socket.SHUT_WR)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def aclose(self) -> None:
+        self._release()
+        await self._inner.aclose()  # closes the socket before its checkpoint
+
+    def _release(self) -> None:
+        if self._held:
+            self._held = False
+            self._guard.slots.release()
+
+
+class _CappedListener(trio.abc.Listener[_Stream]):
+    def __init__(self, inner: trio.SocketListener, guard: _Guard) -> None:
+        self._inner = inner
+        self._guard = guard
+
+    async def accept(self) -> _Stream:
+        await self._guard.slots.acquire()
+        try:
+            stream = await self._inner.accept()
+        except BaseException:
+            self._guard.slots.release()
+            raise
+        return _Stream(stream, self._guard)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _TCPServer(TCPServer):
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # The peer closed its side: do not hold the connection (and its slot) until the
+        # keep-alive timer would have closed it.
+        await self.idle_task.stop()
+
+
+_BODY_LATE = json.dumps({"error": "invalid_request", "detail": "the request's body did not arrive in time"})
+
+
+class _BodyDeadline:
+    """ASGI middleware: a request's body must be whole within ``body_s`` of its head."""
+
+    def __init__(self, app: Any, body_s: float) -> None:
+        self.app = app
+        self.body_s = body_s
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = trio.current_time() + self.body_s
+        complete = late = started = False
+
+        async def timed_receive() -> Any:
+            nonlocal complete, late
+            if complete:
+                return await receive()
+            with trio.move_on_at(deadline):
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    complete = True
+                return message
+            late = True
+            return {"type": "http.disconnect"}
+
+        async def tracked_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, timed_receive, tracked_send)
+        if late and not started:
+            body = _BODY_LATE.encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            await send({"type": "http.response.start", "status": 400, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+
+async def serve_http(
+    app: Any,
+    listening: Listening,
+    shutdown: trio.Event,
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on a bound listener until ``shutdown`` is set; started with its address.
+
+    Then the listener closes, idle connections close, and the others get
+    ``limits.shutdown_s`` to finish before they are cut.
+    """
+    config, limits = listening.config, listening.limits
+    asgi = wrap_app(_BodyDeadline(app, limits.body_s), config.wsgi_max_body_size, "asgi")
+    lifespan_state: dict[str, Any] = {}
+    lifespan = Lifespan(asgi, config, lifespan_state)
+    context = WorkerContext(None)
+    guard = _Guard(limits)
+    (sock,) = listening.sockets.insecure_sockets
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as connections:
+            listener = _CappedListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)), guard)
+            handler = partial(_TCPServer, asgi, config, context, ConnectionState(lifespan_state.copy()))
+            task_status.started(repr_socket_addr(sock.family, sock.getsockname()))
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(
+                    partial(trio.serve_listeners, handler, [listener], handler_nursery=connections)
+                )
+                await shutdown.wait()
+                accepting.cancel_scope.cancel()
+            await context.terminated.set()  # idle keep-alive connections close now
+            at = trio.current_time() + limits.shutdown_s
+            guard.shut_down(at)
+            connections.cancel_scope.deadline = at
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
