@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("runner.api")
 
-_DRAIN_S = 1.0
+_DRAIN_S = 5.0  # a body that arrives a moment after an early answer keeps its connection
 MAX_BODY_BYTES = 1 << 20
 """The largest request body either listener reads (413 past it)."""
 
