@@ -95,13 +95,10 @@ class RunnerAtCapacity(RunnerError):
     code = "runner_at_capacity"
 
 
-class JournalUnwritable(RunnerError):
+class JournalUnwritable(RunnerAtCapacity):
     """The journal cannot write (a full disk, an I/O error): nothing was recorded, so nothing is
-    acknowledged. ``runner_at_capacity``: this runner cannot take it now; place or retry elsewhere
-    (docs/operations.md)."""
-
-    status = 409
-    code = "runner_at_capacity"
+    acknowledged. On the wire it is ``runner_at_capacity`` (this runner cannot take it now; place or
+    retry elsewhere, docs/operations.md), so a host reads it as :class:`RunnerAtCapacity`."""
 
 
 class GenerationMismatch(RunnerError):

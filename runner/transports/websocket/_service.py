@@ -13,6 +13,7 @@ from ... import ino_wire as w
 from ...agent._runtime import AgentRuntime
 from ...errors import (
     GenerationMismatch,
+    JournalUnwritable,
     RunnerAtCapacity,
     RunnerDraining,
     StartFailed,
@@ -240,6 +241,8 @@ class AgentSocketService:
                 call, _ = await self.runner.start_call(start)
             except RunnerDraining:
                 raise CloseSocket(4013, "runner draining") from None
+            except JournalUnwritable:
+                raise CloseSocket(4013, "the journal cannot write now") from None
             except RunnerAtCapacity:
                 raise CloseSocket(
                     4013, f"runner full: it holds {self.runner.config.max_sessions} calls"
