@@ -766,6 +766,9 @@ class Journal:
     async def read_lines(self, after: int, limit: int = 1024) -> list[tuple[int, str]]:
         """The stream lines of committed records after ``after``: ``(envelope, json)`` pairs.
 
+        A hole inside the window (rows deleted from the file by hand, so retained records
+        stand on both sides of it) is skipped: the reader sees the envelopes jump.
+
         Raises:
             CursorTooOld: The record right after ``after`` was pruned (``after`` > 0).
         """
@@ -776,7 +779,12 @@ class Journal:
             return lines
         rows: list[tuple[int, str]] = await self._readers.run(_read_lines, after, limit)
         if rows and after > 0 and rows[0][0] != after + 1:
-            raise CursorTooOld(after, rows[0][0])
+            # Pruning takes the oldest first, so a pruned record leaves nothing before the
+            # first row found. Raising for a hole instead would end the stream at once, and
+            # its reconnect, accepted by check_cursor, would end the same way, forever.
+            window = await self.window()
+            if window.oldest is None or window.oldest >= rows[0][0]:
+                raise CursorTooOld(after, rows[0][0])
         return rows
 
     async def read(

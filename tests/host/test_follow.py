@@ -22,7 +22,7 @@ from runner.host import (
 )
 from runner.wire import decode, encode
 
-from ..runner_process import start_runner
+from ..runner_process import read_stream, records, start_runner
 from .helpers import TOKEN, Collector, collect, ended, free_port, journal_lines, start
 
 MESSENGER = "tests.agents:messenger"
@@ -153,15 +153,25 @@ async def test_a_record_deleted_under_the_reader_is_reported_as_a_gap(tmp_path: 
     async with (
         start_runner(journal, agent=MESSENGER) as runner,
         RunnerClient(runner.base_url, token=TOKEN) as client,
-        client.follow_events(from_=0) as events,
     ):
-        items = await collect(events, [], lambda items: ended(items, "c1"))
+        async with client.follow_events(from_=0) as events:
+            items = await collect(events, [], lambda items: ended(items, "c1"))
+        # A cursor right before the hole: the stream goes on past it (it once ended at once,
+        # empty, and its follower reconnected to the same cursor forever).
+        async with client.follow_events(from_=envelope - 1, max_backoff_s=0.1) as before_hole:
+            resumed = await collect(before_hole, [], lambda items: ended(items, "c1"))
+        assert before_hole.stats.connects == 1
+        raw = records(await read_stream(runner, f"from={envelope - 1}", until=bool))
     gap_at = items.index(Lost(after=envelope - 1, before=envelope + 1, reason="envelope_gap"))
     assert items[gap_at + 1] == SeqGap(producer="c1", after_seq=seq - 1, seq=seq + 1, envelope=envelope + 1)
     assert items[gap_at + 1].missing == 1  # type: ignore[union-attr]
     after = items[gap_at + 2]
     assert isinstance(after, JournalRecord) and after.body["name"] == "k2"
     assert len(records_of(items)) == len(items) - 2
+    # A follower that starts before the hole knows no seq yet: it reports the hole alone.
+    assert resumed[0] == Lost(after=envelope - 1, before=envelope + 1, reason="envelope_gap")
+    assert resumed[1:] == items[gap_at + 2 :]
+    assert raw[0]["envelope"] == envelope + 1
 
 
 @pytest.mark.slow
