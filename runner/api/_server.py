@@ -12,7 +12,10 @@ Hypercorn serves the protocol; this module adds what it leaves open (docs/operat
 - a request's whole body must arrive within ``body_s``, else ``400 invalid_request``;
 - a connection is always closed when Hypercorn means to close it (it closes from inside
   the app's task, which Quart may be cancelling: the close must not be cancellable);
-- once the listener closes, open connections get ``shutdown_s`` to finish.
+- once the listener closes, open connections get ``shutdown_s`` to finish;
+- a WebSocket frame that cannot be parsed (invalid UTF-8 in a text message, a reserved
+  opcode or bit, an unmasked client frame) fails the connection with a close frame, 1007
+  or 1002 (RFC 6455 7.1.7), where Hypercorn dropped TCP without one.
 
 An idle keep-alive connection, and one whose request head never completes, is closed
 after ``keep_alive_s`` by Hypercorn itself.
@@ -30,14 +33,21 @@ from functools import partial
 from typing import Any
 
 import attrs
+import hypercorn.protocol.h2
+import hypercorn.protocol.h11
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
+from hypercorn.protocol.events import StreamClosed
+from hypercorn.protocol.ws_stream import FrameTooLargeError, WSStream
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
+from wsproto.connection import ConnectionState as WebSocketState
+from wsproto.events import CloseConnection, Message, Ping
+from wsproto.frame_protocol import CloseReason
 
 
 @attrs.frozen(kw_only=True)
@@ -181,6 +191,44 @@ class _TCPServer(TCPServer):
         # The peer closed its side: do not hold the connection (and its slot) until the
         # keep-alive timer would have closed it.
         await self.idle_task.stop()
+
+
+class _WSStream(WSStream):
+    """Hypercorn's WebSocket stream, failing a connection on a frame it cannot parse with a close frame.
+
+    wsproto reports such a frame as a :class:`CloseConnection` carrying the code to fail with
+    (1007 for invalid UTF-8 in a text message, 1002 for any other protocol error) while its
+    own state is still open: nobody sent it. Hypercorn only answers a close the peer sent, so
+    it dropped TCP with no close frame; this sends that close first. Otherwise the loop is
+    Hypercorn's (0.18) own.
+    """
+
+    async def _handle_events(self) -> None:
+        for event in self.connection.events():
+            if isinstance(event, Message):
+                try:
+                    self.buffer.extend(event)
+                except FrameTooLargeError:
+                    await self._send_wsproto_event(CloseConnection(code=CloseReason.MESSAGE_TOO_BIG))
+                    break
+                if event.message_finished:
+                    assert self.app_put is not None
+                    await self.app_put(self.buffer.to_message())
+                    self.buffer.clear()
+            elif isinstance(event, Ping):
+                await self._send_wsproto_event(event.response())
+            elif isinstance(event, CloseConnection):
+                if self.connection.state is WebSocketState.REMOTE_CLOSING:
+                    await self._send_wsproto_event(event.response())
+                elif self.connection.state is WebSocketState.OPEN:
+                    await self._send_wsproto_event(event)  # a frame that could not be parsed
+                await self.send(StreamClosed(stream_id=self.stream_id))
+
+
+# Hypercorn's protocols name the stream class they build: every listener of this process
+# is built here, so each of their WebSocket connections gets the stream above.
+hypercorn.protocol.h11.WSStream = _WSStream  # type: ignore[attr-defined]  # not re-exported: the one hook Hypercorn leaves
+hypercorn.protocol.h2.WSStream = _WSStream  # type: ignore[attr-defined]  # not re-exported: the one hook Hypercorn leaves
 
 
 _BODY_LATE = json.dumps({"error": "invalid_request", "detail": "the request's body did not arrive in time"})

@@ -1,0 +1,56 @@
+"""Frames the agent socket cannot parse fail the connection with a close frame (RFC 6455 7.1.7).
+
+wsproto reports them and Hypercorn used to drop TCP with no close frame (issue 14, item 11):
+the client then cannot tell a broken frame from a broken network.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ..websocket.ino_client import Addresses, start_ino_runner
+from ._raw import BINARY, PING, TEXT, RawSocket, open_raw_socket, ws_frame
+
+pytestmark = pytest.mark.slow
+
+UNPARSABLE = {
+    # 1007: "data within a message that was not consistent with the type of the message".
+    "invalid UTF-8 in a text frame": (ws_frame(TEXT, b'{"type":"ping","x":"\xff\xfe"}'), 1007),
+    "a surrogate encoded in UTF-8": (ws_frame(TEXT, b'"\xed\xa0\x80"'), 1007),
+    # 1002: a protocol error.
+    "a reserved opcode": (ws_frame(0x3, b"{}"), 1002),
+    "a reserved control opcode": (ws_frame(0xB, b""), 1002),
+    "an unmasked client frame": (ws_frame(TEXT, b'{"type":"ping"}', masked=False), 1002),
+    "a reserved bit": (ws_frame(TEXT, b'{"type":"ping"}', rsv=0b100), 1002),
+    "a fragmented ping": (ws_frame(PING, b"x", fin=False), 1002),
+    "a continuation with nothing to continue": (ws_frame(0x0, b"x"), 1002),
+}
+
+
+async def _authenticated(addresses: Addresses, raw: RawSocket, token: str, session: str) -> None:
+    await raw.send_json({"type": "auth", "key": token, "session_id": session})
+    ready = await raw.receive()
+    assert isinstance(ready, dict) and ready["type"] == "ready", ready
+
+
+async def test_an_unparsable_frame_is_answered_with_its_close_code(tmp_path: Path) -> None:
+    async with start_ino_runner(tmp_path / "j.db", agent="text_only") as (runner, addresses):
+        api = addresses.api()
+        for case, (frame, code) in UNPARSABLE.items():
+            token, session = await api.person()
+            async with open_raw_socket(addresses.public, f"/v1/agent/stream?session_id={session}") as raw:
+                await _authenticated(addresses, raw, token, session)
+                await raw.send_frame(frame)
+                assert (await raw.closed())[0] == code, case
+        # Before auth as well, and the socket's neighbours are unharmed.
+        async with open_raw_socket(addresses.public, "/v1/agent/stream?session_id=x") as raw:
+            await raw.send_frame(ws_frame(BINARY, b"", masked=False))
+            assert (await raw.closed())[0] == 1002
+        token, session = await api.person()
+        async with open_raw_socket(addresses.public, f"/v1/agent/stream?session_id={session}") as raw:
+            await _authenticated(addresses, raw, token, session)
+            await raw.send_json({"type": "ping"})
+            assert await raw.receive() == {"type": "pong"}
+    assert not any("Traceback" in line for line in runner.stderr), "\n".join(runner.stderr)
