@@ -165,7 +165,7 @@ class Api:
 
 
 @contextlib.asynccontextmanager
-async def open_runner(data_dir: Path, name: str, max_sessions: int):  # type: ignore[no-untyped-def]
+async def open_runner(data_dir: Path, name: str, max_sessions: int):
     """An in-process runner on a free loopback port, and an HTTP client for it."""
     with tempfile.TemporaryDirectory(prefix=f"bench-calls-{name}-", dir=data_dir) as tmp:
         config = Config(
@@ -503,7 +503,7 @@ async def measure_poll_impact(profile: Profile, api: Api, held: int) -> dict[str
     }
 
 
-async def _lines(stream: trio.abc.ReceiveStream):  # type: ignore[no-untyped-def]
+async def _lines(stream: trio.abc.ReceiveStream):
     buffer = b""
     async for chunk in stream:
         buffer += chunk

@@ -42,10 +42,10 @@ _LK_TESTS = Path(__file__).resolve().parents[1] / "tests" / "livekit"
 if str(_LK_TESTS) not in sys.path:
     sys.path.insert(0, str(_LK_TESTS))
 
-from lk_harness import LiveKitEnv, LiveKitServer, find_livekit_server  # noqa: E402
-from lk_runner import AGENT_IDENTITY, open_runner  # noqa: E402
+from lk_harness import LiveKitEnv, LiveKitServer, find_livekit_server  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
+from lk_runner import AGENT_IDENTITY, open_runner  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 
-from runner.providers.espeak import EspeakTTS  # noqa: E402
+from runner.providers.espeak import EspeakTTS  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 
 AGENTS = Path(__file__).with_name("_voice_agents.py")
 VOICE = "en-us+f2"

@@ -177,14 +177,14 @@ class TimedTTS:
             for _ in range(100_000):
                 began = time.perf_counter()
                 try:
-                    pcm = await audio.__anext__()  # type: ignore[attr-defined]
+                    pcm = await audio.__anext__()
                 except StopAsyncIteration:
                     self.busy.add(began, time.perf_counter())
                     return
                 self.busy.add(began, time.perf_counter())
                 yield pcm
         finally:
-            await audio.aclose()  # type: ignore[attr-defined]
+            await audio.aclose()
 
 
 async def _run_tool(call: ToolCall) -> ToolOutcome:

@@ -52,8 +52,8 @@ _LK_TESTS = Path(__file__).resolve().parents[1] / "tests" / "livekit"
 if str(_LK_TESTS) not in sys.path:
     sys.path.insert(0, str(_LK_TESTS))
 
-from lk_harness import LiveKitEnv, LiveKitServer, Peer, find_livekit_server  # noqa: E402
-from lk_runner import Host, agent_spec, open_runner  # noqa: E402
+from lk_harness import LiveKitEnv, LiveKitServer, Peer, find_livekit_server  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
+from lk_runner import Host, agent_spec, open_runner  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 
 AGENTS_WORKER = Path(__file__).resolve().with_name("_agents_worker.py")
 LOG_WAIT_S = 30.0

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from json.encoder import (  # type: ignore[attr-defined]
+from json.encoder import (  # type: ignore[attr-defined]  # the C encoder is real but undeclared in typeshed
     c_make_encoder,
     encode_basestring,
     encode_basestring_ascii,

@@ -46,6 +46,7 @@ from .telemetry import current_metrics, enter_span, exit_span, start_span
 from .wire import (
     PROTOCOL_VERSION,
     Direction,
+    DrainReason,
     EffectiveSettings,
     HostMessage,
     LifecycleDraining,
@@ -592,7 +593,7 @@ class Runner:
         self._nursery: trio.Nursery | None = None
         self._drain_requested = trio.Event()
         self._drained = trio.Event()
-        self.drain_reason = "drain_request"
+        self.drain_reason: DrainReason = "drain_request"
         self._idle = trio.Event()
         self._idle.set()
         self.unclosed: list[str] = []
@@ -617,7 +618,7 @@ class Runner:
             try:
                 await emit_lifecycle(
                     self.journal,
-                    LifecycleDraining(reason=self.drain_reason, active_sessions=len(self.calls)),  # type: ignore[arg-type]
+                    LifecycleDraining(reason=self.drain_reason, active_sessions=len(self.calls)),
                 )
             except JournalWriteFailed as exc:
                 log.error("the draining record was not written: %s", exc)
@@ -649,7 +650,7 @@ class Runner:
         """Wait until the runner is asked to drain (it then takes no new calls)."""
         await self._drain_requested.wait()
 
-    def drain_nowait(self, reason: str) -> None:
+    def drain_nowait(self, reason: DrainReason) -> None:
         """Take no new calls, let those in progress finish, then let :meth:`serve` return."""
         if not self._drain_requested.is_set():
             self.drain_reason = reason

@@ -116,7 +116,7 @@ class Config:
             values["credit_pool"] = _convert(float, values["credit_pool"], source["credit_pool"], "a number")
         if "journal_path" in values:
             values["journal_path"] = Path(str(values["journal_path"]))
-        config = cls(**values)  # type: ignore[arg-type]
+        config = cls(**values)  # type: ignore[arg-type]  # values were converted field by field above; the dict cannot say so to mypy
         for field in ("address", "public_address", "metrics_address"):
             address = getattr(config, field)
             if address is not None:

@@ -152,7 +152,7 @@ async def read_turns(
 def open_audio() -> tuple[Any, str | None]:
     """``sounddevice`` when this machine has an input and an output device, else why not."""
     try:
-        import sounddevice  # type: ignore[import-untyped]
+        import sounddevice  # type: ignore[import-untyped]  # an optional extra that ships no types
     except (ImportError, OSError) as exc:
         return None, f"no audio: sounddevice cannot load ({exc})"
     devices = list(sounddevice.query_devices())

@@ -687,7 +687,7 @@ def decode_verb(text: str) -> Verb:
     # null is the same as leaving an optional field out.
     fields = {k: v for k, v in value.items() if k != "type" and v is not None}
     try:
-        return converter.structure(fields, cls)  # type: ignore[no-any-return]
+        return converter.structure(fields, cls)  # type: ignore[no-any-return]  # cls is one of the frame classes; cattrs returns Any for a variable class
     except Exception as exc:  # noqa: BLE001 - cattrs raises many kinds (and groups); _first_problem reads them
         path, problem = _first_problem(exc, [])
         field = ".".join(path) or "(frame)"

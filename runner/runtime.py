@@ -154,7 +154,7 @@ async def _watch_signals(
                     file=sys.stderr,
                     flush=True,
                 )
-            runner.drain_nowait(name)
+            runner.drain_nowait("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
 
 
 async def serve_runner(

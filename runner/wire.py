@@ -187,10 +187,13 @@ class LifecycleReady:
     warmup_ms: int = attrs.field(validator=_at_least(0))
 
 
+DrainReason = Literal["SIGTERM", "SIGINT", "drain_request", "call_ended"]
+
+
 @attrs.frozen(kw_only=True)
 class LifecycleDraining:
     event: Literal["draining"] = "draining"
-    reason: Literal["SIGTERM", "SIGINT", "drain_request", "call_ended"]
+    reason: DrainReason
     active_sessions: int = attrs.field(validator=_at_least(0))
 
 
@@ -548,7 +551,7 @@ def _make_converter() -> cattrs.Converter:
             # cattrs would happily iterate a string into a list of characters.
             if not isinstance(value, list):
                 raise TypeError("expected an array")
-            return inner(value, target)  # type: ignore[no-any-return]
+            return inner(value, target)  # type: ignore[no-any-return]  # cattrs' structure hooks return Any
 
         return structure
 
@@ -557,7 +560,7 @@ def _make_converter() -> cattrs.Converter:
     def structure_heartbeat(value: Any, _: Any) -> Heartbeat:
         if isinstance(value, dict) and "envelope" in value:
             raise ValueError("a line with an envelope is a record, not a heartbeat")
-        return structure_factory(Heartbeat)(value, Heartbeat)  # type: ignore[no-any-return]
+        return structure_factory(Heartbeat)(value, Heartbeat)  # type: ignore[no-any-return]  # cattrs' structure hooks return Any
 
     converter.register_structure_hook(Heartbeat, structure_heartbeat)
 

@@ -191,7 +191,7 @@ class AgentWorker:
 
     def _job_status_nowait(self, job_id: str, status: int, error: str = "") -> None:
         self._send_nowait(
-            proto.WorkerMessage(update_job=proto.UpdateJobStatus(job_id=job_id, status=status, error=error))  # type: ignore[arg-type]
+            proto.WorkerMessage(update_job=proto.UpdateJobStatus(job_id=job_id, status=status, error=error))  # type: ignore[arg-type]  # protobuf's stub types an enum field as its enum class; the int is what it takes
         )
 
     # -- The service --------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def refused(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
     """An ErrorBody answer with ``status`` and ``code``."""
     body = answer(response, status, "ErrorBody")
     assert body["error"] == code, body
-    return body  # type: ignore[no-any-return]
+    return body
 
 
 def body_type(line: dict[str, Any]) -> str | None:

@@ -552,7 +552,7 @@ async def _post_all(client: httpx.AsyncClient, bodies: Sequence[dict[str, Any]])
             for i in range(len(bodies)):
                 nursery.start_soon(post, i)
     assert all(response is not None for response in responses)
-    return responses  # type: ignore[return-value]
+    return responses
 
 
 async def test_concurrent_starts_of_one_session_id_accept_exactly_one(tmp_path: Path) -> None:
@@ -918,7 +918,7 @@ async def test_smoke_self_host(tmp_path: Path) -> None:
     for producer in producers:
         assert_complete(recs, producer)
     assert (ended_reason(recs, "smoke-1"), ended_reason(recs, "smoke-2")) == ("runner_draining", "smoke_done")
-    assert ended_reason(recs, "f").startswith("start_failed")  # type: ignore[union-attr]
+    assert ended_reason(recs, "f").startswith("start_failed")
     started = of(recs, "smoke-1")[0]["body"]["payload"]
     assert (started["deploymentId"], started["configurationVersion"], started["direction"]) == (
         "dep-1",

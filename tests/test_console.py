@@ -117,7 +117,7 @@ def _null_sound_card(home: Path) -> dict[str, str]:
 async def test_with_a_sound_card_the_console_speaks_and_listens(tmp_path: Path) -> None:
     env = _null_sound_card(tmp_path / "home")
     try:
-        import sounddevice  # noqa: F401
+        import sounddevice  # noqa: F401 - imported only to learn whether it loads
     except OSError:
         pytest.skip("no PortAudio here (.ci/install-audio installs it)")
     work = tmp_path / "work"

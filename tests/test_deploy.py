@@ -73,7 +73,7 @@ def test_the_kubernetes_worker_runs_runner_start_with_flags_it_has() -> None:
 
 def test_the_systemd_unit_runs_runner_start_with_flags_it_has() -> None:
     unit = configparser.ConfigParser(interpolation=None, strict=False)
-    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.optionxform = str
     unit.read_string((DEPLOY / "systemd" / "curb-worker@.service").read_text())
     service = unit["Service"]
     argv = shlex.split(service["ExecStart"].replace("%i", "1"))

@@ -97,7 +97,7 @@ async def wait_host_record(follower: Follower, producer: str, name: str, count: 
     found = await follower.wait_for(
         lambda rs: len(host_records(rs, producer, name)) >= count and host_records(rs, producer, name)
     )
-    return found[count - 1]  # type: ignore[no-any-return]
+    return found[count - 1]
 
 
 def assert_closed_last(records: list[dict[str, Any]], producer: str) -> None:
@@ -661,7 +661,7 @@ async def transfer(
     (turn,) = await follower.wait_for(
         lambda rs: [t for t in turns(rs, session_id, "assistant") if t["toolCalls"]]
     )
-    return turn  # type: ignore[no-any-return]
+    return turn
 
 
 async def test_a_transfer_accepted_then_the_target_joins_and_leaves(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ async def wait_connected(client: httpx.AsyncClient, session_id: str) -> dict[str
             if response.status_code == 404:
                 refused(response, 404, "session_not_found")
             elif answer(response, 200, "LiveCall")["state"] == "connected":
-                return response.json()  # type: ignore[no-any-return]
+                return response.json()
             await trio.sleep(0.02)
     raise AssertionError(f"{session_id} never connected")
 

@@ -66,7 +66,7 @@ async def accepted(client: httpx.AsyncClient, session_id: str, update: Any) -> d
     """PATCH ``update``; assert 200 SessionSettingsResponse; return the settings."""
     body = answer(await patch(client, session_id, update), 200, "SessionSettingsResponse")
     assert body["sessionId"] == session_id
-    return body["settings"]  # type: ignore[no-any-return]
+    return body["settings"]
 
 
 def issue_paths(body: dict[str, Any]) -> list[list[Any]]:
@@ -83,7 +83,7 @@ def settings_events(records: list[dict[str, Any]], producer: str) -> list[dict[s
 async def update(caller: LoopbackCaller, body: Any) -> dict[str, Any]:
     """A client's ``curb.update``: the effective settings it answers."""
     settings = json.loads(await caller.request("curb.update", json.dumps(body)))
-    return conforms("EffectiveSettings", settings)  # type: ignore[no-any-return]
+    return conforms("EffectiveSettings", settings)
 
 
 async def update_refused(caller: LoopbackCaller, body: Any) -> ClientRefusal:

@@ -92,7 +92,7 @@ async def test_a_scripted_call_moves_each_counter_by_what_it_did(tmp_path: Path)
         records = await wait_records(
             runner, "m-1", lambda rs: any(r.body.get("name") == "curb.ended" for r in rs)
         )
-        async with open_events(runner, "from=0") as events:  # type: ignore[arg-type]
+        async with open_events(runner, "from=0") as events:
             await events.lines(until=lambda ls: ls[-1].get("envelope") == runner.runner.journal.head)
             after = await scrape(client)
             head, commits = runner.runner.journal.head, runner.runner.journal.commits

@@ -30,7 +30,7 @@ def load_agent(spec: str | None) -> Agent:
     if not attr:
         found = [name for name, value in vars(module).items() if isinstance(value, Agent)]
         if len(found) == 1:
-            return getattr(module, found[0])  # type: ignore[no-any-return]
+            return getattr(module, found[0])  # type: ignore[no-any-return]  # found holds only names whose value isinstance-checked as an Agent
         if len(found) > 1 and "agent" not in found:
             names = ", ".join(found)
             raise ValueError(f"{target} holds several agents ({names}): name one, as {target}:{found[0]}")

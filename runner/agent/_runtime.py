@@ -272,7 +272,7 @@ class AgentRuntime:
         self._listeners: list[Callable[[TurnEvent], Awaitable[None]]] = []
         self._audio_rate_hz = 0
         self._listener: Listener | None = None
-        self._turns_send, self._turns = trio.open_memory_channel[tuple[str, dict[str, Any]]](math.inf)
+        self._turns_send, self._turns = trio.open_memory_channel[tuple[str | None, dict[str, Any]]](math.inf)
         # Each utterance with when it ended (time.monotonic()), for the turn's latency.
         self._speech_send, self._speech = trio.open_memory_channel[tuple[SpeechEnded | Speculation, float]](
             math.inf
@@ -778,7 +778,7 @@ class AgentRuntime:
     def _queue_turn(self, text: str | None, **options: Any) -> None:
         self._queued += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
-        self._turns_send.send_nowait((text, options))  # type: ignore[arg-type]
+        self._turns_send.send_nowait((text, options))
 
     async def _serve_hearing(self) -> None:
         assert self._listener is not None

@@ -107,7 +107,7 @@ def _attrs_model(cls: type, where: str, seen: tuple[type, ...]) -> Any:
         if not field.init:
             continue
         default: Any = ...
-        if isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+        if isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]  # attrs' stub declares Factory as a function, but at run time it is the class
             if field.default.takes_self:
                 raise AuthoringError(f"{where}: {cls.__name__}.{field.name}'s default needs self")
             default = pydantic.Field(default_factory=field.default.factory)

@@ -81,5 +81,5 @@ def check_adjustable(adjustable: dict[str, list[str]] | None) -> dict[Origin, tu
         for path in paths:
             if path not in ADJUSTABLE_PATHS:
                 raise AuthoringError(f"adjustable path {path!r} is not one of {', '.join(ADJUSTABLE_PATHS)}")
-        result[origin] = tuple(paths)  # type: ignore[index]
+        result[origin] = tuple(paths)  # type: ignore[index]  # origin was checked against the Origin literals above
     return result

@@ -65,7 +65,7 @@ class Overrides:
         if tts is not None and (self.voice is not None or self.tts_model is not None):
             tts = attrs.evolve(
                 tts,
-                voice=self.voice if self.voice is not None else tts.voice,  # type: ignore[arg-type]
+                voice=self.voice if self.voice is not None else tts.voice,  # type: ignore[arg-type]  # evolve() is typed loosely per provider class; voice is each TTS's own voice field
                 model=self.tts_model if self.tts_model is not None else tts.model,
             )
         stt = offer.stt

@@ -35,7 +35,7 @@ class _QuartSocket:
         await self._socket.accept(subprotocol=subprotocol)
 
     async def receive(self) -> str | bytes:
-        return await self._socket.receive()  # type: ignore[no-any-return]
+        return await self._socket.receive()  # type: ignore[no-any-return]  # Quart's websocket.receive is untyped; it returns str or bytes
 
     async def send(self, data: str | bytes) -> None:
         await self._socket.send(data)
@@ -177,7 +177,7 @@ def create_public_app(service: AgentSocketService, *, playground: Playground | N
 
     @app.websocket("/v1/agent/stream")
     async def agent_stream() -> None:
-        socket = websocket._get_current_object()  # type: ignore[attr-defined]
+        socket = websocket._get_current_object()  # type: ignore[attr-defined]  # Quart's LocalProxy has it at run time, undeclared; the socket must outlive the request context
         await service.serve_socket(_QuartSocket(socket), websocket.args.get("session_id"))
 
     return app

@@ -775,7 +775,7 @@ class Conversation:
 
 def chat_message(message: StoredMessage) -> ChatMessage:
     return ChatMessage(
-        role=message.role,  # type: ignore[arg-type]
+        role=message.role,  # type: ignore[arg-type]  # stored roles are written only from ChatMessage roles; the column is a plain str
         content=message.content,
         tool_calls=tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in message.tool_calls),
         tool_call_id=message.tool_call_id,

@@ -256,7 +256,7 @@ def _kind_name(participant: rtc.Participant) -> str:
 
 def _reason_name(reason: object) -> str:
     try:
-        return rtc.DisconnectReason.Name(reason)  # type: ignore[arg-type]
+        return rtc.DisconnectReason.Name(reason)  # type: ignore[arg-type]  # any value may come from the SDK; Name() raising is handled below
     except (ValueError, TypeError):
         return str(reason)
 
@@ -555,7 +555,7 @@ class LiveKitSession:
         if role == "caller":
             return "sip" if is_sip else "caller"
         if role in ("app", "transfer_target"):
-            return role  # type: ignore[return-value]
+            return role  # type: ignore[return-value]  # narrowed to the two literals by the membership test just above
         if participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT:
             return "agent"
         if is_sip:

@@ -49,7 +49,7 @@ def _options(url: str) -> _Options:
         connect_ms = int(first.get("connect_ms", "0"))
     except ValueError:
         raise TransportError("loopback connect_ms must be an integer") from None
-    return _Options(connect_ms=connect_ms, fail=first.get("fail"), caller=caller)  # type: ignore[arg-type]
+    return _Options(connect_ms=connect_ms, fail=first.get("fail"), caller=caller)  # type: ignore[arg-type]  # caller was checked against the three literals above
 
 
 class LoopbackSession:

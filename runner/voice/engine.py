@@ -551,10 +551,10 @@ async def _stream(
     # ``thoughts`` goes only to a provider that takes it; the LLM protocol stays as it is.
     with stage("llm", llm) as request:
         if thoughts and reports_thoughts(llm):
-            stream = llm.stream(messages, tools, thoughts=True)  # type: ignore[call-arg]
+            stream = llm.stream(messages, tools, thoughts=True)  # type: ignore[call-arg]  # reports_thoughts() just checked that this provider takes thoughts=; the LLM Protocol does not
         else:
             stream = llm.stream(messages, tools)
-        async with aclosing(stream) as events:  # type: ignore[type-var]
+        async with aclosing(stream) as events:  # type: ignore[type-var]  # the LLM Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
             async for event in events:
                 if isinstance(event, TextDelta):
                     request.first()
@@ -563,7 +563,7 @@ async def _stream(
 
 async def _synthesize(tts: TTS, text: str) -> AsyncGenerator[bytes, None]:
     with stage("tts", tts) as request:
-        async with aclosing(tts.synthesize(text)) as audio:  # type: ignore[type-var]
+        async with aclosing(tts.synthesize(text)) as audio:  # type: ignore[type-var]  # the TTS Protocol promises an AsyncIterator; every provider's synthesize is an async generator, which aclosing needs
             async for pcm in audio:
                 request.first()
                 yield pcm

@@ -63,7 +63,7 @@ class PrefetchedReply:
         """Stream the reply into memory until it ends, fails or is cancelled."""
         with self._scope:
             try:
-                async with aclosing(self.llm.stream(self.messages, self.tools)) as events:  # type: ignore[type-var]
+                async with aclosing(self.llm.stream(self.messages, self.tools)) as events:  # type: ignore[type-var]  # the LLM Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
                     async for event in events:
                         self._events.append(event)
                         self._wake()

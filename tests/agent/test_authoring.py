@@ -148,7 +148,7 @@ def test_a_tool_schema_comes_from_the_signature() -> None:
         tool.parameters,
     )
     # The decorator hands the function back unchanged, so it stays callable as written.
-    assert book(None, "Oslo", 2) == "booked"  # type: ignore[arg-type]
+    assert book(None, "Oslo", 2) == "booked"
 
 
 def test_an_attrs_parameter_becomes_an_object_schema() -> None:
@@ -208,7 +208,7 @@ def test_a_tool_parameter_without_an_annotation_fails() -> None:
     with pytest.raises(AuthoringError) as excinfo:
 
         @agent.tool
-        def vague(ctx: Context, city) -> str:  # type: ignore[no-untyped-def]
+        def vague(ctx: Context, city) -> str:
             """Something about a city."""
             return str(city)
 
@@ -236,7 +236,7 @@ def test_a_tool_annotation_that_names_nothing_fails_as_an_authoring_error() -> N
     with pytest.raises(AuthoringError) as excinfo:
 
         @agent.tool
-        def typo(ctx: Context, city: Stirng) -> str:  # type: ignore[name-defined] # noqa: F821
+        def typo(ctx: Context, city: Stirng) -> str:  # noqa: F821 - the misspelt annotation is what the test is about
             """A typo in an annotation."""
             return ""
 
@@ -518,7 +518,7 @@ def test_a_call_reads_its_variants_and_the_host_can_choose() -> None:
     assert runtime.ctx.experiment.greeting == "formal"
     assert runtime.ctx.experiment.voice == _by_the_rule("s-77", "voice", {"high": 1, "low": 2})
     with pytest.raises(AttributeError):
-        runtime.ctx.experiment.colour  # noqa: B018
+        runtime.ctx.experiment.colour  # noqa: B018 - the attribute read itself is what must raise
     assert runtime.ctx.client.greeting == "formal"
     assert runtime.ctx.client.absent is None
     # Variants the host sent win over the rule and the client.

@@ -26,7 +26,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # e.g. under --import-mode=importlib
     sys.path.insert(0, _HERE)
 
-from lk_harness import (  # noqa: E402
+from lk_harness import (  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
     INSTALL_HINT,
     HarnessError,
     LiveKitCluster,

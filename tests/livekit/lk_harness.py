@@ -463,7 +463,7 @@ class LiveKitEnv:
         if agent:
             kind = "agent"
         if kind:
-            tok = tok.with_kind(kind)  # type: ignore[arg-type]
+            tok = tok.with_kind(kind)
         if name is not None:
             tok = tok.with_name(name)
         if metadata is not None:

@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from lk_harness import LiveKitEnv  # noqa: E402
+from lk_harness import LiveKitEnv  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 
-from tests.runner_process import READY_PREFIX, TOKEN, EventsStream, RunnerProcess  # noqa: E402
+from tests.runner_process import READY_PREFIX, TOKEN, EventsStream, RunnerProcess  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 
 AGENTS = Path(__file__).with_name("lk_agents.py")
 AGENT_IDENTITY = "agent"
@@ -96,7 +96,7 @@ class Host:
             f"Authorization: Bearer {TOKEN}\r\nAccept: application/x-ndjson\r\n\r\n"
         )
         await stream.send_all(request.encode())
-        reader = EventsStream(stream)  # type: ignore[arg-type]
+        reader = EventsStream(stream)
         try:
             await reader._read_head()
             yield reader

@@ -130,7 +130,7 @@ def test_supported_languages(tag: str, locale: str) -> None:
 def test_unsupported_languages(tag: str | None) -> None:
     assert not AzureSTT.supports_language(tag)
     with pytest.raises(ProviderError) as caught:
-        AzureSTT(tag, region="westeurope", api_key=KEY)  # type: ignore[arg-type]
+        AzureSTT(tag, region="westeurope", api_key=KEY)
     assert caught.value.code == "invalid_settings"
 
 

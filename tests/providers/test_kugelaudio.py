@@ -35,7 +35,7 @@ async def fake() -> AsyncIterator[FakeKugelAudio]:
 
 
 def tts_for(fake: FakeKugelAudio, voice: int | str = 268, **kwargs: object) -> KugelAudioTTS:
-    return KugelAudioTTS(voice, api_key=KEY, base_url=fake.base_url, **kwargs)  # type: ignore[arg-type]
+    return KugelAudioTTS(voice, api_key=KEY, base_url=fake.base_url, **kwargs)
 
 
 def tone(n: int, rate: int = 24_000) -> bytes:
@@ -238,7 +238,7 @@ def test_region_prefix_of_the_key_picks_the_eu_host() -> None:
 @pytest.mark.parametrize("voice", ["alloy", "12a", "", -1, True, 1.5])
 def test_voice_must_be_numeric(voice: object) -> None:
     with pytest.raises(ProviderError) as caught:
-        KugelAudioTTS(voice, api_key=KEY)  # type: ignore[arg-type]
+        KugelAudioTTS(voice, api_key=KEY)
     assert caught.value.code == "invalid_settings"
 
 

@@ -47,7 +47,7 @@ async def _no_tool(call: ToolCall) -> ToolOutcome:
 
 def _plan(llm: object, tools: Sequence[ToolSpec] = ()) -> TurnPlan:
     return TurnPlan(
-        llm=llm,  # type: ignore[arg-type]
+        llm=llm,
         tts=None,
         instructions=lambda: "You are a test.",
         tools=lambda: list(tools),

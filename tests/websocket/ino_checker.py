@@ -130,7 +130,7 @@ class FrameChecker:
         except ValueError:
             raise ProtocolViolation(f"a text frame that is not JSON: {message[:200]!r}") from None
         self._frame(frame)
-        return frame  # type: ignore[no-any-return]
+        return frame
 
     def fail(self, why: str, frame: Any = None) -> None:
         where = f" (frame {len(self.frames) + 1}: {json.dumps(frame)[:300]})" if frame is not None else ""

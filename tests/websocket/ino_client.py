@@ -160,12 +160,12 @@ class Api:
         body = {"end_user_id": end_user_id, **options} if end_user_id else dict(options)
         answer = await self.request("POST", "/v1/ephemeral-keys", bearer=API_KEY, json_body=body)
         assert answer.status_code == 201, answer.text
-        return answer.json()  # type: ignore[no-any-return]
+        return answer.json()
 
     async def session(self, token: str) -> dict[str, Any]:
         answer = await self.request("POST", "/v1/agent/sessions", bearer=token, json_body={})
         assert answer.status_code == 201, answer.text
-        return answer.json()  # type: ignore[no-any-return]
+        return answer.json()
 
     async def person(self, end_user_id: str | None = None, **options: Any) -> tuple[str, str]:
         """A new token and a new conversation for it: ``(token, session_id)``."""
@@ -182,7 +182,7 @@ class Api:
     async def messages(self, session_id: str, bearer: str) -> list[dict[str, Any]]:
         answer = await self.request("GET", f"/v1/agent/sessions/{session_id}/messages", bearer=bearer)
         assert answer.status_code == 200, answer.text
-        return answer.json()["messages"]  # type: ignore[no-any-return]
+        return answer.json()["messages"]
 
 
 # -- The socket ------------------------------------------------------------------------------

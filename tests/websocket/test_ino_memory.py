@@ -168,7 +168,7 @@ async def test_knowledge_through_the_platform_search_tool(tmp_path: Path) -> Non
 async def _relations(addresses: Addresses, bearer: str) -> list[dict[str, Any]]:
     answer = await addresses.api().request("GET", "/v1/agent/relations", bearer=bearer)
     assert answer.status_code == 200, answer.text
-    return answer.json()["relations"]  # type: ignore[no-any-return]
+    return answer.json()["relations"]
 
 
 async def test_relations_count_conversations_and_notes_across_a_restart_and_compaction_keeps_early_facts(

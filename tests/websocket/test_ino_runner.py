@@ -33,7 +33,7 @@ async def _auth_close(addresses: Addresses, token: str, session_id: str) -> tupl
 
 async def _sessions(addresses: Addresses) -> list[dict[str, Any]]:
     async with addresses.management_client() as host:
-        return (await host.get("/v1/runner")).json()["sessions"]  # type: ignore[no-any-return]
+        return (await host.get("/v1/runner")).json()["sessions"]
 
 
 async def test_4013_when_the_runner_is_full(tmp_path: Path) -> None:
@@ -204,7 +204,7 @@ async def test_a_socket_is_a_call_of_the_runner(speaking: Addresses) -> None:
         sock.checker.finish()
     lines = await read_stream(
         SimpleNamespace(address=speaking.management),
-        "from=0",  # type: ignore[arg-type]
+        "from=0",
         until=lambda ls: any(
             line["producer"] == session_id and line["body"].get("name") == "curb.ended" for line in ls
         ),
