@@ -99,6 +99,13 @@ class RawSocket:
     async def send_json(self, value: Any) -> None:
         await self.send_frame(ws_frame(TEXT, json.dumps(value).encode()))
 
+    async def auth(self, token: str, session_id: str) -> dict[str, Any]:
+        """The ino.v2 ``auth`` frame; its ``ready``."""
+        await self.send_json({"type": "auth", "key": token, "session_id": session_id})
+        ready = await self.receive()
+        assert isinstance(ready, dict) and ready["type"] == "ready", ready
+        return ready
+
     async def _fill(self) -> bool:
         try:
             data = await self.stream.receive_some(65536)

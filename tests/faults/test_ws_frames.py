@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ..websocket.ino_client import Addresses, start_ino_runner
-from ._raw import BINARY, PING, TEXT, RawSocket, open_raw_socket, ws_frame
+from ..websocket.ino_client import start_ino_runner
+from ._raw import BINARY, PING, TEXT, open_raw_socket, ws_frame
 
 pytestmark = pytest.mark.slow
 
@@ -29,19 +29,13 @@ UNPARSABLE = {
 }
 
 
-async def _authenticated(addresses: Addresses, raw: RawSocket, token: str, session: str) -> None:
-    await raw.send_json({"type": "auth", "key": token, "session_id": session})
-    ready = await raw.receive()
-    assert isinstance(ready, dict) and ready["type"] == "ready", ready
-
-
 async def test_an_unparsable_frame_is_answered_with_its_close_code(tmp_path: Path) -> None:
     async with start_ino_runner(tmp_path / "j.db", agent="text_only") as (runner, addresses):
         api = addresses.api()
         for case, (frame, code) in UNPARSABLE.items():
             token, session = await api.person()
             async with open_raw_socket(addresses.public, f"/v1/agent/stream?session_id={session}") as raw:
-                await _authenticated(addresses, raw, token, session)
+                await raw.auth(token, session)
                 await raw.send_frame(frame)
                 assert (await raw.closed())[0] == code, case
         # Before auth as well, and the socket's neighbours are unharmed.
@@ -50,7 +44,7 @@ async def test_an_unparsable_frame_is_answered_with_its_close_code(tmp_path: Pat
             assert (await raw.closed())[0] == 1002
         token, session = await api.person()
         async with open_raw_socket(addresses.public, f"/v1/agent/stream?session_id={session}") as raw:
-            await _authenticated(addresses, raw, token, session)
+            await raw.auth(token, session)
             await raw.send_json({"type": "ping"})
             assert await raw.receive() == {"type": "pong"}
     assert not any("Traceback" in line for line in runner.stderr), "\n".join(runner.stderr)
