@@ -35,7 +35,9 @@ class _QuartSocket:
         await self._socket.accept(subprotocol=subprotocol)
 
     async def receive(self) -> str | bytes:
-        return await self._socket.receive()  # type: ignore[no-any-return]  # Quart's websocket.receive is untyped; it returns str or bytes
+        message: str | bytes | None = await self._socket.receive()
+        # Quart reads a message as `bytes or text`, so an empty binary one arrives as None.
+        return b"" if message is None else message
 
     async def send(self, data: str | bytes) -> None:
         await self._socket.send(data)

@@ -136,7 +136,8 @@ class RawSocket:
                             continue
                         parts, self._partial = self._partial, []
                         if isinstance(event, TextMessage):
-                            return json.loads("".join(parts))  # type: ignore[no-any-return]
+                            frame: dict[str, Any] = json.loads("".join(parts))
+                            return frame
                         return b"".join(parts)
                 if self.eof or not await self._fill():
                     raise EOFError("the connection ended with no close frame")

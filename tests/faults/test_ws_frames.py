@@ -38,6 +38,14 @@ async def test_an_unparsable_frame_is_answered_with_its_close_code(tmp_path: Pat
                 await raw.auth(token, session)
                 await raw.send_frame(frame)
                 assert (await raw.closed())[0] == code, case
+        # An empty binary frame is audio like any other (Quart hands it over as None: it was 4013).
+        for authenticated, code in ((False, 4001), (True, 4011)):
+            token, session = await api.person()
+            async with open_raw_socket(addresses.public, f"/v1/agent/stream?session_id={session}") as raw:
+                if authenticated:
+                    await raw.auth(token, session)
+                await raw.send_frame(ws_frame(BINARY, b""))
+                assert (await raw.closed())[0] == code
         # Before auth as well, and the socket's neighbours are unharmed.
         async with open_raw_socket(addresses.public, "/v1/agent/stream?session_id=x") as raw:
             await raw.send_frame(ws_frame(BINARY, b"", masked=False))
