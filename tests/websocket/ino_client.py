@@ -31,7 +31,8 @@ FRAME_TIMEOUT_S = 20.0
 
 
 def agent_ref(name: str) -> str:
-    return f"tests.websocket.ino_agents:{name}"
+    """One of ``ino_agents`` by name, or any agent by its full ``module:name``."""
+    return name if ":" in name else f"tests.websocket.ino_agents:{name}"
 
 
 # -- Runners ---------------------------------------------------------------------------------
