@@ -38,14 +38,20 @@ async def test_an_unparsable_frame_is_answered_with_its_close_code(tmp_path: Pat
                 await raw.auth(token, session)
                 await raw.send_frame(frame)
                 assert (await raw.closed())[0] == code, case
-        # An empty binary frame is audio like any other (Quart hands it over as None: it was 4013).
-        for authenticated, code in ((False, 4001), (True, 4011)):
+        # Found by tests/fuzz: an empty binary frame is audio like any other (Quart hands it over
+        # as None), and JSON nested too deep for json is not JSON before auth either; both were 4013.
+        deep = b'{"type":"auth","key":' + b"[" * 5000 + b"]" * 5000 + b"}"
+        for authenticated, frame, code in (
+            (False, ws_frame(BINARY, b""), 4001),
+            (True, ws_frame(BINARY, b""), 4011),
+            (False, ws_frame(TEXT, deep), 4001),
+        ):
             token, session = await api.person()
             async with open_raw_socket(addresses.public, f"/v1/agent/stream?session_id={session}") as raw:
                 if authenticated:
                     await raw.auth(token, session)
-                await raw.send_frame(ws_frame(BINARY, b""))
-                assert (await raw.closed())[0] == code
+                await raw.send_frame(frame)
+                assert (await raw.closed())[0] == code, frame[:40]
         # Before auth as well, and the socket's neighbours are unharmed.
         async with open_raw_socket(addresses.public, "/v1/agent/stream?session_id=x") as raw:
             await raw.send_frame(ws_frame(BINARY, b"", masked=False))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from typing import Any
@@ -14,6 +13,7 @@ from ... import ino_wire as w
 from ...platform import HEARING_RATE_HZ, Recording, TurnRateExceeded, TurnRequest, transcribe
 from ...platform._events import Charged, ConversationEvent
 from ...providers import ProviderError
+from ...wire import parse_json
 from ._call import InoCall
 from ._common import (
     _CLOSE_S,
@@ -526,7 +526,7 @@ class Connection:
 
 def _is_auth(message: str) -> bool:
     try:
-        value = json.loads(message)
+        value = parse_json(message)  # the frames' own parser: it refuses what json would recurse on
     except ValueError:
         return False
     return isinstance(value, dict) and value.get("type") == "auth"
