@@ -143,6 +143,13 @@ SCENARIOS = (
         limit_s=1500,
         full_only="needs a LiveKit server in a private network namespace and many minutes; full mode only",
     ),
+    Scenario(
+        name="soak",
+        what="mixed load, a kill -9 every 20 s, RSS and WAL over time (10 minutes: python -m bench.soak)",
+        quick_s=40,
+        full_s=130,
+        limit_s=400,
+    ),
 )
 NAMES = tuple(s.name for s in SCENARIOS)
 MESSAGES_MOST_CALLS_CAP = {True: 1_000, False: 10_000}  # by --quick
@@ -280,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The most calls ``calls`` held, capped: starting 50,000 calls again would take minutes.
             most = runs["calls"]["results"]["held"]["held_max"]
             extra = ["--most-calls", str(min(most, MESSAGES_MOST_CALLS_CAP[args.quick]))]
+        if scenario.name == "soak" and not args.quick:
+            extra = ["--minutes", "2", "--kill-every-s", "20"]  # the 10-minute soak is its own command
         runs[scenario.name] = run_scenario(scenario, quick=args.quick, extra=extra, log_dir=log_dir)
 
     from . import report

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,13 @@ def _stream_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _rows(
+    scenario: str, specs: Iterable[tuple[str, Any, Any, str]], *, unit: str = "ms", better: str = "lower"
+) -> list[dict[str, Any]]:
+    """A scenario's rows of one unit: ``(figure, value, baseline, baseline_name)`` each."""
+    return [_row(scenario, figure, value, base, name, unit, better) for figure, value, base, name in specs]
+
+
 def _calls_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     calls, agents = _ok(runs, "calls"), _ok(runs, "agents_baseline")
     if not calls:
@@ -113,143 +120,127 @@ def _calls_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     held = calls["held"]
     top = held["levels"][-1]
     job = agents["idle_job"] if agents else None
-    rows = [
-        _row(
-            "calls",
-            f"memory per live call at {top['held']} calls (RSS growth)",
-            top["rss_per_added_call_kib"],
-            job and job["rss_mib"] * 1024,
-            "livekit-agents: RSS of one idle job process",
-            "KiB",
-            "lower",
-        ),
-        _row(
-            "calls",
-            f"memory per live call at {top['held']} calls (RSS growth)",
-            top["rss_per_added_call_kib"],
-            job and job["uss_mib"] * 1024,
-            "livekit-agents: USS (private memory) of one idle job process",
-            "KiB",
-            "lower",
-        ),
-    ]
+    per_call = f"memory per live call at {top['held']} calls (RSS growth)"
     estimate = None
     if agents:
         one = agents["total_pss_mib_by_jobs"][0]
         per_job = agents["total_pss_mib_by_jobs"][-1]["per_job_uss_mib"]
         estimate = one["total_pss_mib"] + (held["held_max"] - 1) * per_job
-    rows.append(
-        _row(
-            "calls",
-            f"memory for the most calls held ({held['held_max']}, stopped: {held['stopped_because']})",
-            top["rss_mib"],
-            estimate,
-            "livekit-agents: worker+forkserver+1 job PSS, + USS per extra job (extrapolated)",
-            "MiB",
-            "lower",
-        )
-    )
     latency = calls["latency"]
-    rows.append(
-        _row(
+    return [
+        *_rows(
             "calls",
-            "start to connected p50, 1 client",
-            latency["sequential"]["start_ms"]["p50"],
-            latency["health_ms"]["p50"],
-            "GET /health p50, same runner and client",
-            "ms",
-            "lower",
-        )
-    )
-    return rows
+            [
+                (
+                    per_call,
+                    top["rss_per_added_call_kib"],
+                    job and job["rss_mib"] * 1024,
+                    "livekit-agents: RSS of one idle job process",
+                ),
+                (
+                    per_call,
+                    top["rss_per_added_call_kib"],
+                    job and job["uss_mib"] * 1024,
+                    "livekit-agents: USS (private memory) of one idle job process",
+                ),
+            ],
+            unit="KiB",
+        ),
+        *_rows(
+            "calls",
+            [
+                (
+                    f"memory for the most calls held ({held['held_max']}, stopped: {held['stopped_because']})",
+                    top["rss_mib"],
+                    estimate,
+                    "livekit-agents: worker+forkserver+1 job PSS, + USS per extra job (extrapolated)",
+                )
+            ],
+            unit="MiB",
+        ),
+        *_rows(
+            "calls",
+            [
+                (
+                    "start to connected p50, 1 client",
+                    latency["sequential"]["start_ms"]["p50"],
+                    latency["health_ms"]["p50"],
+                    "GET /health p50, same runner and client",
+                )
+            ],
+        ),
+    ]
 
 
 def _messages_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     messages = _ok(runs, "messages")
     if not messages or "levels" not in messages:
         return []
-    rows = []
+    specs = []
     for level in messages["levels"]:
         n = level["calls_live"]
-        rows.append(
-            _row(
-                "messages",
+        specs += [
+            (
                 f"POST message to 202 p50, {n} calls live",
                 level["sequential"]["round_trip_ms"]["p50"],
                 level["health"]["ms"]["p50"],
                 "GET /health p50, same runner and client",
-                "ms",
-                "lower",
-            )
-        )
-        rows.append(
-            _row(
-                "messages",
+            ),
+            (
                 f"agent-to-host record on the stream p50, {n} calls live",
                 level["echo"]["record_ms"]["p50"],
                 level["echo"]["round_trip_ms"]["p50"],
                 "the same message's POST to 202 p50",
-                "ms",
-                "lower",
-            )
-        )
-    return rows
+            ),
+        ]
+    return _rows("messages", specs)
 
 
 def _turns_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     turns = _ok(runs, "turns")
     if not turns:
         return []
-    rows = []
+    bare = "bare provider loop, same providers"
+    specs = []
     for name, s in turns["scenarios"].items():
-        rows.append(
-            _row(
-                "turns",
+        specs += [
+            (
                 f"{name}: engine overhead p50 (total - providers)",
                 s["engine"]["overhead_ms"]["p50"],
                 s["baseline"]["overhead_ms"]["p50"],
-                "bare provider loop, same providers",
-                "ms",
-                "lower",
-            )
-        )
-        rows.append(
-            _row(
-                "turns",
+                bare,
+            ),
+            (
                 f"{name}: turn total p50",
                 s["engine"]["total_ms"]["p50"],
                 s["baseline"]["total_ms"]["p50"],
-                "bare provider loop, same providers",
-                "ms",
-                "lower",
-            )
-        )
-    return rows
+                bare,
+            ),
+        ]
+    return _rows("turns", specs)
 
 
 def _websocket_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     ws = _ok(runs, "websocket")
     if not ws:
         return []
-    rows = []
     sockets = {"one": 1, "many": ws["parameters"].get("concurrent_sockets")}
-    for key, count in sockets.items():
-        for metric, label in (
-            ("first_text_delta_ms", "first text.delta"),
-            ("first_audio_byte_ms", "first audio byte"),
-        ):
-            rows.append(
-                _row(
-                    "websocket",
-                    f"{label} p50, {count} socket(s)",
-                    ws["socket"][key][metric]["p50"],
-                    ws["in_process"][key][metric]["p50"],
-                    "the same turns in-process, no socket",
-                    "ms",
-                    "lower",
-                )
+    return _rows(
+        "websocket",
+        [
+            (
+                f"{label} p50, {count} socket(s)",
+                ws["socket"][key][metric]["p50"],
+                ws["in_process"][key][metric]["p50"],
+                "the same turns in-process, no socket",
             )
-    return rows
+            for key, count in sockets.items()
+            for metric, label in (
+                ("first_text_delta_ms", "first text.delta"),
+                ("first_audio_byte_ms", "first audio byte"),
+            )
+        ],
+    )
 
 
 def _livekit_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -257,26 +248,23 @@ def _livekit_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not lk:
         return []
     none = "no peer measured: it would need livekit-agents with its own STT/LLM/TTS stack"
-    return [
-        _row(
-            "livekit",
-            "POST /v1/sessions to 202 (agent in the room) p50",
-            lk["join"]["post_to_202_ms"]["p50"],
-            None,
-            none,
-            "ms",
-            "lower",
-        ),
-        _row(
-            "livekit",
-            "end of caller speech to first agent audio p50",
-            lk["answer"]["end_of_speech_to_first_audio_ms"]["p50"],
-            None,
-            none,
-            "ms",
-            "lower",
-        ),
-    ]
+    return _rows(
+        "livekit",
+        [
+            (
+                "POST /v1/sessions to 202 (agent in the room) p50",
+                lk["join"]["post_to_202_ms"]["p50"],
+                None,
+                none,
+            ),
+            (
+                "end of caller speech to first agent audio p50",
+                lk["answer"]["end_of_speech_to_first_audio_ms"]["p50"],
+                None,
+                none,
+            ),
+        ],
+    )
 
 
 def _host_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -285,23 +273,31 @@ def _host_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     placements, catch_up = host["placements"], host["catch_up"]
     return [
-        _row(
+        *_rows(
             "host",
-            f"placements across {placements['runners']} runners (runner.host.RunnerPool)",
-            placements["pool_best_per_s"],
-            placements["raw_best_per_s"],
-            "raw httpx starts, round-robin",
-            "calls/s",
-            "higher",
+            [
+                (
+                    f"placements across {placements['runners']} runners (runner.host.RunnerPool)",
+                    placements["pool_best_per_s"],
+                    placements["raw_best_per_s"],
+                    "raw httpx starts, round-robin",
+                )
+            ],
+            unit="calls/s",
+            better="higher",
         ),
-        _row(
+        *_rows(
             "host",
-            "follower catch-up (follow_events), best",
-            catch_up["follower_best_per_s"],
-            catch_up["raw_best_per_s"],
-            "httpx aiter_lines + json.loads",
-            "records/s",
-            "higher",
+            [
+                (
+                    "follower catch-up (follow_events), best",
+                    catch_up["follower_best_per_s"],
+                    catch_up["raw_best_per_s"],
+                    "httpx aiter_lines + json.loads",
+                )
+            ],
+            unit="records/s",
+            better="higher",
         ),
     ]
 
@@ -313,60 +309,61 @@ def _worker_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     theirs = worker.get("agents_1", {}).get("dispatch_to_joined_ms", {})
     ours_burst, theirs_burst = worker.get("ours_burst", {}), worker.get("agents_burst", {})
     agents = "livekit-agents' AgentServer, same server, same run"
+    silent = "livekit-agents' empty entrypoint says nothing"
     return [
-        _row(
+        *_rows(
             "worker",
-            "create_dispatch to agent joined p50, 1 worker",
-            worker["ours_1"]["dispatch_to_joined_ms"]["p50"],
-            theirs.get("p50"),
-            agents,
-            "ms",
-            "lower",
+            [
+                (
+                    "create_dispatch to agent joined p50, 1 worker",
+                    worker["ours_1"]["dispatch_to_joined_ms"]["p50"],
+                    theirs.get("p50"),
+                    agents,
+                ),
+                (
+                    "create_dispatch to first agent audio p50, 1 worker",
+                    worker["ours_1"]["dispatch_to_first_audio_ms"]["p50"],
+                    None,
+                    silent,
+                ),
+                (
+                    "create_dispatch to first agent audio p50, 2 workers",
+                    worker.get("ours_2", {}).get("dispatch_to_first_audio_ms", {}).get("p50"),
+                    None,
+                    silent,
+                ),
+            ],
         ),
-        _row(
+        *_rows(
             "worker",
-            "create_dispatch to first agent audio p50, 1 worker",
-            worker["ours_1"]["dispatch_to_first_audio_ms"]["p50"],
-            None,
-            "livekit-agents' empty entrypoint says nothing",
-            "ms",
-            "lower",
+            [
+                (
+                    "jobs per second, one worker, a burst",
+                    ours_burst.get("jobs_per_second"),
+                    theirs_burst.get("jobs_per_second"),
+                    agents,
+                )
+            ],
+            unit="jobs/s",
+            better="higher",
         ),
-        _row(
+        *_rows(
             "worker",
-            "create_dispatch to first agent audio p50, 2 workers",
-            worker.get("ours_2", {}).get("dispatch_to_first_audio_ms", {}).get("p50"),
-            None,
-            "livekit-agents' empty entrypoint says nothing",
-            "ms",
-            "lower",
-        ),
-        _row(
-            "worker",
-            "jobs per second, one worker, a burst",
-            ours_burst.get("jobs_per_second"),
-            theirs_burst.get("jobs_per_second"),
-            agents,
-            "jobs/s",
-            "higher",
-        ),
-        _row(
-            "worker",
-            "private memory (USS) per job",
-            ours_burst.get("uss_per_job_mib"),
-            theirs_burst.get("uss_per_job_mib"),
-            agents,
-            "MiB",
-            "lower",
-        ),
-        _row(
-            "worker",
-            "resident memory (RSS) per job",
-            ours_burst.get("rss_per_job_mib"),
-            theirs_burst.get("rss_per_job_mib"),
-            agents,
-            "MiB",
-            "lower",
+            [
+                (
+                    "private memory (USS) per job",
+                    ours_burst.get("uss_per_job_mib"),
+                    theirs_burst.get("uss_per_job_mib"),
+                    agents,
+                ),
+                (
+                    "resident memory (RSS) per job",
+                    ours_burst.get("rss_per_job_mib"),
+                    theirs_burst.get("rss_per_job_mib"),
+                    agents,
+                ),
+            ],
+            unit="MiB",
         ),
     ]
 
@@ -376,60 +373,89 @@ def _speech_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not sp:
         return []
     old, new = sp["wer"]["pocketsphinx (old default)"], sp["wer"]["whisper tiny.en (new default)"]
-    rows = [
-        _row(
+    tts, vad = sp["tts_first_audio_ms"], sp["vad"]["per_frame_us"]
+    return [
+        *_rows(
             "speech",
-            f"WER, Whisper on {voice} (%)",
-            new[voice]["wer"] * 100,
-            old[voice]["wer"] * 100,
-            "pocketsphinx on the same audio",
-            "%",
-            "lower",
-        )
-        for voice in new
+            [
+                (
+                    f"WER, Whisper on {voice} (%)",
+                    new[voice]["wer"] * 100,
+                    old[voice]["wer"] * 100,
+                    "pocketsphinx on the same audio",
+                )
+                for voice in new
+            ],
+            unit="%",
+        ),
+        *_rows(
+            "speech",
+            [
+                (
+                    "TTS first audio p50, hibari",
+                    tts["hibari heart (new default voice)"]["p50"],
+                    tts["espeak en (old default voice)"]["p50"],
+                    "espeak-ng en",
+                )
+            ],
+        ),
+        *_rows(
+            "speech",
+            [
+                (
+                    "VAD per 20 ms frame at 48 kHz, Silero",
+                    vad["silero @ 48 kHz"],
+                    vad["energy @ 48 kHz"],
+                    "energy VAD",
+                )
+            ],
+            unit="us",
+        ),
     ]
-    tts = sp["tts_first_audio_ms"]
-    rows.append(
-        _row(
-            "speech",
-            "TTS first audio p50, hibari",
-            tts["hibari heart (new default voice)"]["p50"],
-            tts["espeak en (old default voice)"]["p50"],
-            "espeak-ng en",
-            "ms",
-            "lower",
-        )
-    )
-    vad = sp["vad"]["per_frame_us"]
-    rows.append(
-        _row(
-            "speech",
-            "VAD per 20 ms frame at 48 kHz, Silero",
-            vad["silero @ 48 kHz"],
-            vad["energy @ 48 kHz"],
-            "energy VAD",
-            "us",
-            "lower",
-        )
-    )
-    return rows
 
 
 def _livekit_voice_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     lv = _ok(runs, "livekit_voice")
     if not lv or not lv["latency_ms"]["new"].get("n"):
         return []
+    return _rows(
+        "livekit_voice",
+        [
+            (
+                f"end of speech to first audio {q}, new voice",
+                lv["latency_ms"]["new"][q],
+                lv["latency_ms"]["old"].get(q),
+                "the old voice (energy VAD, pocketsphinx, espeak)",
+            )
+            for q in ("p50", "p99")
+        ],
+    )
+
+
+def _soak_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    soak = _ok(runs, "soak")
+    if not soak:
+        return []
+    kills = f"{soak['trials']} kills, {soak['acknowledged']} records acknowledged"
+    rss, wal = soak["flat"]["rss_peak_mib"], soak["flat"]["wal_peak_mib"]
+    first = "the first minute's peak (flat: no more than x1.5)"
     return [
-        _row(
-            "livekit_voice",
-            f"end of speech to first audio {q}, new voice",
-            lv["latency_ms"]["new"][q],
-            lv["latency_ms"]["old"].get(q),
-            "the old voice (energy VAD, pocketsphinx, espeak)",
-            "ms",
-            "lower",
-        )
-        for q in ("p50", "p99")
+        *_rows(
+            "soak",
+            [
+                (f"records lost, {kills}", soak["lost"], 0, "the promise: nothing acknowledged is lost"),
+                (f"records duplicated, {kills}", soak["duplicated"], 0, "the promise: nothing repeats"),
+            ],
+            unit="records",
+        ),
+        *_rows(
+            "soak",
+            [
+                ("runner RSS, the last minute's peak", rss["last"], rss["first"], first),
+                ("WAL file, the last minute's peak", wal["last"], wal["first"], first),
+            ],
+            unit="MiB",
+        ),
     ]
 
 
@@ -562,6 +588,7 @@ ROW_BUILDERS: tuple[Callable[[Mapping[str, Any]], list[dict[str, Any]]], ...] = 
     _worker_rows,
     _speech_rows,
     _livekit_voice_rows,
+    _soak_rows,
 )
 
 
@@ -959,7 +986,51 @@ def _plots(combined: Mapping[str, Any], stamp: str) -> list[tuple[str, str]]:
             "memory",
             "Memory per call against calls held, beside livekit-agents' idle job process (left); total memory against calls (right).",
         )
+    soak = _ok(runs, "soak")
+    if soak:
+        path = RESULTS_DIR / f"soak-{stamp}.png"
+        soak_figure(soak, path)
+        made.append(
+            (
+                path.name,
+                "The soak: the runner's RSS (left) and the journal's WAL and file sizes (right) under mixed"
+                " load, a kill -9 at each red line and a restart on the same journal.",
+            )
+        )
     return made
+
+
+def soak_figure(soak: Mapping[str, Any], path: Path) -> None:
+    """The soak's runner RSS (left) and journal file sizes (right) over time, a line at each kill."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = soak["samples"]
+    ts = [s["t_s"] / 60 for s in samples]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, keys, title in (
+        (axes[0], (("rss_mib", "runner RSS"),), "Runner memory"),
+        (axes[1], (("wal_mib", "WAL file"), ("db_mib", "journal file")), "Journal files"),
+    ):
+        for key, label in keys:
+            ax.plot(ts, [s[key] for s in samples], ".", ms=2, label=label)
+        for at in soak["kills_at_s"]:
+            ax.axvline(at / 60, color="red", ls=":", lw=0.8)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("minutes (red: kill -9, then a restart)")
+        ax.set_ylabel("MiB")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        _legend(ax, 8)
+    fig.suptitle(
+        f"Soak: {soak['trials']} kills, {soak['acknowledged']:,} records acknowledged,"
+        f" {soak['lost']} lost, {soak['duplicated']} duplicated"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 # -- Markdown -------------------------------------------------------------------------------------

@@ -1,0 +1,241 @@
+"""The soak: a runner under steady mixed load, killed with SIGKILL every minute, for ten minutes.
+
+    python -m bench.soak [--minutes M] [--kill-every-s S] [--seed N] [--figure PATH] [--quick]
+
+The load is the kill trials' (tests/faults/kill_load.py): calls started and stopped, host
+messages, records the agent sends the host, agent-socket conversations, followers of the
+events stream (half follow across each kill, half are resumed from a saved cursor). Every
+``--kill-every-s`` the runner gets SIGKILL and is started again on the same journal; each
+restart is checked as a kill trial is. Once a second it samples the runner's RSS and the
+sizes of the journal file and its WAL. Prints records acknowledged, lost and duplicated,
+and each minute's RSS and WAL; writes ``bench/results/soak-<UTC>.json`` (+ ``soak-latest.json``)
+and a plot of RSS and file sizes over time (``--figure``, default beside the results).
+Exits 1 if anything was lost, duplicated or broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.faults.kill_load import KillTrials, Load
+from tests.runner_process import RunnerProcess
+
+from ._common import RESULTS_DIR, fmt, machine_info, print_table, say, utc_stamp, write_results
+
+MIB = 1024 * 1024
+RETENTION = 10_000  # a minute's records fit (each restart is checked from the last), ten minutes' do not
+FLAT_WITHIN = 1.5  # a figure stays flat when its last minute's peak is at most this times its first's
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+async def _sample(
+    runner: RunnerProcess, journal: Path, began: float, samples: list[dict[str, float]]
+) -> None:
+    """Once a second until the runner is gone: its RSS, the journal's and the WAL's sizes."""
+    wal = Path(f"{journal}-wal")
+    while runner.process.returncode is None:
+        rss = _rss_bytes(runner.process.pid)
+        if rss is None:
+            return
+        samples.append(
+            {
+                "t_s": round(time.perf_counter() - began, 2),
+                "rss_mib": rss / MIB,
+                "wal_mib": _size(wal) / MIB,
+                "db_mib": _size(journal) / MIB,
+            }
+        )
+        await trio.sleep(1)
+
+
+def _peak(samples: list[dict[str, float]], key: str, start: float, end: float) -> float | None:
+    values = [s[key] for s in samples if start <= s["t_s"] < end]
+    return max(values) if values else None
+
+
+async def soak(
+    journal: Path, *, minutes: float, kill_every_s: float, seed: int, load: Load
+) -> dict[str, Any]:
+    samples: list[dict[str, float]] = []
+    kills: list[float] = []
+    per_kill: list[dict[str, Any]] = []
+    began = time.perf_counter()
+    deadline = began + minutes * 60
+    async with KillTrials(journal, seed=seed, load=load, retention=RETENTION).open() as harness:
+        tally = harness.tally
+        while time.perf_counter() < deadline:
+            before = tally.summary()
+            left = deadline - time.perf_counter()
+            await harness.trial(
+                min(kill_every_s, max(left, 1.0)), beside=lambda r: _sample(r, journal, began, samples)
+            )
+            kills.append(round(time.perf_counter() - began, 2))
+            after = tally.summary()
+            per_kill.append(
+                {
+                    key: after[key] - before[key]
+                    for key in ("records", "acknowledged", "lost", "duplicated", "broken", "crashed_calls")
+                }
+            )
+            say(
+                f"kill {tally.trials} at {kills[-1]:.0f} s: {after['records']} records,"
+                f" {after['acknowledged']} acknowledged, lost {after['lost']},"
+                f" duplicated {after['duplicated']}, broken {after['broken']};"
+                f" RSS {fmt(samples[-1]['rss_mib'] if samples else None)} MiB,"
+                f" WAL {fmt(samples[-1]['wal_mib'] if samples else None)} MiB"
+            )
+        summary = tally.summary()
+    minutes_seen = max(1, math.ceil((kills[-1] if kills else 0) / 60))
+    by_minute = [
+        {
+            "minute": m + 1,
+            "rss_peak_mib": _peak(samples, "rss_mib", m * 60, (m + 1) * 60),
+            "wal_peak_mib": _peak(samples, "wal_mib", m * 60, (m + 1) * 60),
+            "db_peak_mib": _peak(samples, "db_mib", m * 60, (m + 1) * 60),
+        }
+        for m in range(minutes_seen)
+        if any(m * 60 <= s["t_s"] < (m + 1) * 60 for s in samples)
+    ]
+    flat = {}
+    for key in ("rss_peak_mib", "wal_peak_mib"):
+        peaks = [m[key] for m in by_minute if m[key]]
+        growth = peaks[-1] / peaks[0] if len(peaks) >= 2 else None
+        flat[key] = {
+            "first": peaks[0] if peaks else None,
+            "last": peaks[-1] if peaks else None,
+            "growth": growth,
+        }
+    return {
+        **summary,
+        "kills_at_s": kills,
+        "per_kill": per_kill,
+        "samples": samples,
+        "by_minute": by_minute,
+        "flat": flat,
+        "flat_within": FLAT_WITHIN,
+        "retention": RETENTION,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    default = Load()
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
+    parser.add_argument("--kill-every-s", type=float, default=60.0, help="seconds between kills (default 60)")
+    parser.add_argument("--seed", type=int, default=None, help="repeat a run (default: a new seed)")
+    parser.add_argument("--figure", type=Path, default=None, help="where to write the plot (PNG)")
+    parser.add_argument("--quick", action="store_true", help="half a minute, a kill every 10 s")
+    parser.add_argument(
+        "--hosts", type=int, default=default.hosts, help="host tasks placing calls and messages"
+    )
+    parser.add_argument("--followers", type=int, default=default.followers, help="events-stream followers")
+    parser.add_argument(
+        "--sockets", type=int, default=default.sockets, help="agent-socket conversations at once"
+    )
+    args = parser.parse_args(argv)
+    minutes, kill_every_s = (0.5, 10.0) if args.quick else (args.minutes, args.kill_every_s)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    load = Load(hosts=args.hosts, followers=args.followers, sockets=args.sockets)
+    say(f"bench.soak: {minutes:g} min, a kill every {kill_every_s:g} s, seed {seed}")
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:
+        found = trio.run(
+            lambda: soak(
+                Path(scratch) / "j.db", minutes=minutes, kill_every_s=kill_every_s, seed=seed, load=load
+            )
+        )
+    results = {
+        "benchmark": "soak",
+        "command": "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv),
+        "seed": seed,
+        "minutes": minutes,
+        "kill_every_s": kill_every_s,
+        "seconds": time.perf_counter() - began,
+        "load": {"hosts": load.hosts, "followers": load.followers, "sockets": load.sockets},
+        "machine": machine_info(),
+        **found,
+    }
+    path = write_results("soak", results)
+    print_table(
+        (
+            "minutes",
+            "kills",
+            "records",
+            "acknowledged",
+            "lost",
+            "duplicated",
+            "broken",
+            "calls closed as crashed",
+        ),
+        [
+            [
+                f"{minutes:g}",
+                str(found["trials"]),
+                str(found["records"]),
+                str(found["acknowledged"]),
+                str(found["lost"]),
+                str(found["duplicated"]),
+                str(found["broken"]),
+                str(found["crashed_calls"]),
+            ]
+        ],
+    )
+    print()
+    print_table(
+        ("minute", "runner RSS peak, MiB", "WAL peak, MiB", "journal file peak, MiB"),
+        [
+            [str(m["minute"]), fmt(m["rss_peak_mib"]), fmt(m["wal_peak_mib"]), fmt(m["db_peak_mib"])]
+            for m in found["by_minute"]
+        ],
+    )
+    for key, label in (("rss_peak_mib", "RSS"), ("wal_peak_mib", "WAL")):
+        f = found["flat"][key]
+        if f["growth"] is not None:
+            verdict = "flat" if f["growth"] <= FLAT_WITHIN else "NOT flat"
+            print(
+                f"{label}: {fmt(f['first'])} MiB in the first minute, {fmt(f['last'])} MiB in the last"
+                f" (x{f['growth']:.2f}): {verdict} (flat = no more than x{FLAT_WITHIN})"
+            )
+    for example in found["examples"]:
+        print(f"  {example}")
+    try:
+        from .report import soak_figure
+
+        figure = args.figure or RESULTS_DIR / f"soak-{utc_stamp()}.png"
+        soak_figure(results, figure)
+        print(f"figure: {figure}")
+    except ImportError as error:
+        print(f"(no figure: {error}; pip install -e '.[bench]')")
+    print(f"seed {seed}; results: {path}")
+    return 0 if not (found["lost"] or found["duplicated"] or found["broken"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
