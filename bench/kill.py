@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -27,13 +28,20 @@ from tests.faults.kill_load import KillTrials, Load, run_trials
 
 from ._common import machine_info, print_table, say, write_results
 
+TALLY = {  # a tally's figures, and their column headers
+    "records": "records",
+    "acknowledged": "acknowledged",
+    "lost": "lost",
+    "duplicated": "duplicated",
+    "broken": "broken",
+    "crashed_calls": "calls closed as crashed",
+}
 
-def main(argv: Sequence[str] | None = None) -> int:
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options bench.kill and bench.soak share: the seed and the load."""
     default = Load()
-    parser = argparse.ArgumentParser(prog="python -m bench.kill", description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=200, help="kills (default 200)")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run (default: a new seed)")
-    parser.add_argument("--quick", action="store_true", help="10 trials")
     parser.add_argument(
         "--hosts", type=int, default=default.hosts, help="host tasks placing calls and messages"
     )
@@ -41,10 +49,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sockets", type=int, default=default.sockets, help="agent-socket conversations at once"
     )
+
+
+def load_of(args: argparse.Namespace) -> tuple[int, Load, dict[str, int]]:
+    """The seed (a new one unless given), the load, and the load as results say it."""
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    said = {"hosts": args.hosts, "followers": args.followers, "sockets": args.sockets}
+    return seed, Load(**said), said
+
+
+def print_tally(first: dict[str, str], summary: dict[str, Any]) -> None:
+    """One row: ``first``'s columns, then the tally's; then examples of what broke."""
+    print_table((*first, *TALLY.values()), [[*first.values(), *(str(summary[key]) for key in TALLY)]])
+    for example in summary["examples"]:
+        print(f"  {example}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.kill", description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200, help="kills (default 200)")
+    parser.add_argument("--quick", action="store_true", help="10 trials")
+    add_load_arguments(parser)
     args = parser.parse_args(argv)
     trials = 10 if args.quick else args.trials
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    load = Load(hosts=args.hosts, followers=args.followers, sockets=args.sockets)
+    seed, load, said = load_of(args)
     began = time.perf_counter()
 
     def progress(harness: KillTrials) -> None:
@@ -65,27 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m bench.kill " + " ".join(sys.argv[1:] if argv is None else argv),
         "seed": seed,
         "seconds": time.perf_counter() - began,
-        "load": {"hosts": load.hosts, "followers": load.followers, "sockets": load.sockets},
+        "load": said,
         "machine": machine_info(),
         **summary,
     }
     path = write_results("kill", results)
-    print_table(
-        ("trials", "records", "acknowledged", "lost", "duplicated", "broken", "calls closed as crashed"),
-        [
-            [
-                str(summary["trials"]),
-                str(summary["records"]),
-                str(summary["acknowledged"]),
-                str(summary["lost"]),
-                str(summary["duplicated"]),
-                str(summary["broken"]),
-                str(summary["crashed_calls"]),
-            ]
-        ],
-    )
-    for example in summary["examples"]:
-        print(f"  {example}")
+    print_tally({"trials": str(summary["trials"])}, summary)
     print(f"seed {seed}; results: {path}")
     return 0 if tally.ok else 1
 

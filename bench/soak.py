@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from tests.faults.kill_load import KillTrials, Load
 from tests.runner_process import RunnerProcess
 
 from ._common import RESULTS_DIR, fmt, machine_info, print_table, say, utc_stamp, write_results
+from .kill import TALLY, add_load_arguments, load_of, print_tally
 
 MIB = 1024 * 1024
 RETENTION = 10_000  # a minute's records fit (each restart is checked from the last), ten minutes' do not
@@ -98,12 +98,7 @@ async def soak(
             )
             kills.append(round(time.perf_counter() - began, 2))
             after = tally.summary()
-            per_kill.append(
-                {
-                    key: after[key] - before[key]
-                    for key in ("records", "acknowledged", "lost", "duplicated", "broken", "crashed_calls")
-                }
-            )
+            per_kill.append({key: after[key] - before[key] for key in TALLY})
             say(
                 f"kill {tally.trials} at {kills[-1]:.0f} s: {after['records']} records,"
                 f" {after['acknowledged']} acknowledged, lost {after['lost']},"
@@ -145,24 +140,15 @@ async def soak(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    default = Load()
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
     parser.add_argument("--kill-every-s", type=float, default=60.0, help="seconds between kills (default 60)")
-    parser.add_argument("--seed", type=int, default=None, help="repeat a run (default: a new seed)")
     parser.add_argument("--figure", type=Path, default=None, help="where to write the plot (PNG)")
     parser.add_argument("--quick", action="store_true", help="half a minute, a kill every 10 s")
-    parser.add_argument(
-        "--hosts", type=int, default=default.hosts, help="host tasks placing calls and messages"
-    )
-    parser.add_argument("--followers", type=int, default=default.followers, help="events-stream followers")
-    parser.add_argument(
-        "--sockets", type=int, default=default.sockets, help="agent-socket conversations at once"
-    )
+    add_load_arguments(parser)
     args = parser.parse_args(argv)
     minutes, kill_every_s = (0.5, 10.0) if args.quick else (args.minutes, args.kill_every_s)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    load = Load(hosts=args.hosts, followers=args.followers, sockets=args.sockets)
+    seed, load, said = load_of(args)
     say(f"bench.soak: {minutes:g} min, a kill every {kill_every_s:g} s, seed {seed}")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:
@@ -178,35 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "minutes": minutes,
         "kill_every_s": kill_every_s,
         "seconds": time.perf_counter() - began,
-        "load": {"hosts": load.hosts, "followers": load.followers, "sockets": load.sockets},
+        "load": said,
         "machine": machine_info(),
         **found,
     }
     path = write_results("soak", results)
-    print_table(
-        (
-            "minutes",
-            "kills",
-            "records",
-            "acknowledged",
-            "lost",
-            "duplicated",
-            "broken",
-            "calls closed as crashed",
-        ),
-        [
-            [
-                f"{minutes:g}",
-                str(found["trials"]),
-                str(found["records"]),
-                str(found["acknowledged"]),
-                str(found["lost"]),
-                str(found["duplicated"]),
-                str(found["broken"]),
-                str(found["crashed_calls"]),
-            ]
-        ],
-    )
+    print_tally({"minutes": f"{minutes:g}", "kills": str(found["trials"])}, found)
     print()
     print_table(
         ("minute", "runner RSS peak, MiB", "WAL peak, MiB", "journal file peak, MiB"),
@@ -223,8 +186,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{label}: {fmt(f['first'])} MiB in the first minute, {fmt(f['last'])} MiB in the last"
                 f" (x{f['growth']:.2f}): {verdict} (flat = no more than x{FLAT_WITHIN})"
             )
-    for example in found["examples"]:
-        print(f"  {example}")
     try:
         from .report import soak_figure
 
