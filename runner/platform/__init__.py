@@ -18,6 +18,7 @@ from ._conversation import Conversation as Conversation
 from ._conversation import ConversationClosed as ConversationClosed
 from ._conversation import Participant as Participant
 from ._conversation import Recording as Recording
+from ._conversation import StreamedWords as StreamedWords
 from ._conversation import TurnRequest as TurnRequest
 from ._conversation import transcribe as transcribe
 from ._rules import HEARING_RATE_HZ as HEARING_RATE_HZ

@@ -112,6 +112,40 @@ class ConversationClosed(Exception):
     """The conversation's call is ending, or its agent did not start: ``reason`` says which."""
 
 
+class StreamedWords:
+    """What a recording's recognizer stream heard in all of it, once the stream is finished.
+
+    A recognizer that streams (``open_stream``) has heard the recording as it arrived; its
+    ``finish`` is the recording's transcript, so the recording is not decoded a second time.
+    """
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._text = ""
+        self._error: ProviderError | None = None
+
+    def set(self, text: str) -> None:
+        if not self._done.is_set():
+            self._text = text
+            self._done.set()
+
+    def fail(self, error: ProviderError) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+    async def wait(self) -> str:
+        """The words, once the stream finished.
+
+        Raises:
+            ProviderError: the stream failed or stopped before it finished.
+        """
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._text
+
+
 @attrs.define(eq=False, kw_only=True)
 class Recording:
     """An open recording: its audio so far and its partial recognition."""
@@ -126,6 +160,8 @@ class Recording:
     feed: trio.MemorySendChannel[bytes] | None = None
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     barged: bool = False
+    #: Set when a recognizer stream hears the recording as it arrives.
+    streamed: StreamedWords | None = None
 
     def pcm(self) -> bytes:
         return bytes(self.audio[: len(self.audio) // 2 * 2])
@@ -133,6 +169,8 @@ class Recording:
 
 async def transcribe(recording: Recording) -> tuple[str, float]:
     """A whole recording's words and length; digital silence is no words, whatever a model makes of it.
+
+    A recording its recognizer streamed is not decoded again: its words are the stream's.
 
     Raises:
         ProviderError: The recognizer failed (any failure of it is ``provider_failed``).
@@ -143,6 +181,8 @@ async def transcribe(recording: Recording) -> tuple[str, float]:
         await trio.lowlevel.checkpoint()
         return "", seconds
     try:
+        if recording.streamed is not None:
+            return (await recording.streamed.wait()).strip(), seconds
         transcript = await recording.stt.transcribe(pcm, recording.rate_hz)
     except ProviderError:
         raise

@@ -18,7 +18,6 @@ the decoder's final pass (about 60 ms per second of speech).
 from __future__ import annotations
 
 import threading
-from types import TracebackType
 
 import numpy as np
 import pocketsphinx
@@ -26,6 +25,7 @@ import trio
 import trio_parallel
 
 from ..voice.audio import Resampler, pcm_seconds
+from ._stream import RecognizerStream, count_decode
 from ._types import ProviderError, Transcript
 
 __all__ = ["PocketsphinxSTT", "PocketsphinxStream", "UnsupportedLanguage"]
@@ -252,6 +252,7 @@ class PocketsphinxSTT:
             raise ValueError(f"s16le PCM needs an even byte count, got {len(pcm)} bytes")
         if not pcm:
             return Transcript(text="", audio_seconds=0.0)
+        count_decode(self.provider)
         try:
             text = await trio_parallel.run_sync(_decode_whole, pcm, sample_rate_hz)
         except trio_parallel.BrokenWorkerError as exc:
@@ -271,7 +272,7 @@ class PocketsphinxSTT:
         return PocketsphinxStream(sample_rate_hz)
 
 
-class PocketsphinxStream:
+class PocketsphinxStream(RecognizerStream):
     """One utterance recognised as its audio arrives; made by ``PocketsphinxSTT.open_stream``.
 
     Feed audio in any chunk sizes; ``feed`` returns the partial hypothesis whenever it
@@ -279,39 +280,17 @@ class PocketsphinxStream:
     """
 
     def __init__(self, sample_rate_hz: int) -> None:
-        self.sample_rate_hz = sample_rate_hz
+        super().__init__(sample_rate_hz)
         self._resampler = Resampler(sample_rate_hz, DECODER_RATE_HZ)
         self._decoder: pocketsphinx.Decoder | None = None
         self._held: list[bytes] = []  # 16 kHz audio kept back until the stream is primed
         self._held_bytes = 0
-        self._nbytes = 0
         self._last = ""
         self._heard = False  # whether any audio so far was louder than silence
-        self._busy = False
-        self._closed = False
 
-    async def __aenter__(self) -> PocketsphinxStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def _enter(self) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError("the stream is finished or closed")
-        if self._busy:
-            raise trio.BusyResourceError("another task is feeding this stream")
-        self._busy = True
-
-    def _leave(self) -> None:
-        self._busy = False
-        if self._closed and self._decoder is not None:
-            # aclose ran while a worker thread held the decoder; hand it back now.
+    def _release(self) -> None:
+        if self._decoder is not None:
+            # Abandoned mid-utterance (the decoder's next user ends the utterance).
             _pool.release(self._decoder, mid_utterance=True)
             self._decoder = None
 
@@ -328,6 +307,7 @@ class PocketsphinxStream:
             self._held_bytes = 0
             decoder = _pool.acquire()
             self._decoder = decoder
+            count_decode(PocketsphinxSTT.provider)  # one incremental pass over the whole stream
             _prime_cmn(decoder, audio)
             decoder.start_utt()
         # The decoder holds the GIL in each call: short slices let the event loop run
@@ -366,9 +346,7 @@ class PocketsphinxStream:
         """
         self._enter()
         try:
-            if len(pcm) % 2:
-                raise ValueError(f"s16le PCM needs an even byte count, got {len(pcm)} bytes")
-            self._nbytes += len(pcm)
+            self._took(pcm)
             try:
                 return await trio.to_thread.run_sync(self._feed_sync, pcm)
             except RuntimeError as exc:
@@ -394,15 +372,7 @@ class PocketsphinxStream:
         finally:
             self._closed = True
             self._leave()
-        return Transcript(text=text, audio_seconds=pcm_seconds(self._nbytes, self.sample_rate_hz))
-
-    async def aclose(self) -> None:
-        """Abandon the utterance, if unfinished, and return the decoder to the pool."""
-        self._closed = True
-        if not self._busy and self._decoder is not None:
-            _pool.release(self._decoder, mid_utterance=True)
-            self._decoder = None
-        await trio.lowlevel.checkpoint()
+        return self._transcript(text)
 
     def _drop(self) -> None:
         # A decoder that raised is in an unknown state: let it be freed, not reused.

@@ -19,7 +19,6 @@ import math
 import os
 import threading
 from pathlib import Path
-from types import TracebackType
 
 import numpy as np
 import soxr
@@ -27,6 +26,7 @@ import trio
 
 from ..voice.audio import pcm_seconds, rms_dbfs
 from ..voice.vad import SileroVad
+from ._stream import RecognizerStream, count_decode
 from ._types import ProviderError, Transcript
 
 __all__ = ["MODEL_SHA256", "ModelRefused", "WhisperSTT", "WhisperStream", "model_dir"]
@@ -222,6 +222,7 @@ class WhisperSTT:
     async def decode(self, audio: np.ndarray) -> str:
         """The words in ``audio`` (float32 at 16 kHz), decoded in a worker thread."""
         model = await self._model()
+        count_decode(self.provider)
         try:
             return await trio.to_thread.run_sync(model.decode, audio, limiter=_limiter())
         except ProviderError:
@@ -262,7 +263,7 @@ class WhisperSTT:
         return WhisperStream(self, sample_rate_hz)
 
 
-class WhisperStream:
+class WhisperStream(RecognizerStream):
     """One utterance recognized as it arrives; made by :meth:`WhisperSTT.open_stream`.
 
     Whisper does not stream, so the stream decodes speculatively: at each pause in the
@@ -272,7 +273,7 @@ class WhisperStream:
     """
 
     def __init__(self, stt: WhisperSTT, sample_rate_hz: int, *, pause_ms: int = PAUSE_MS) -> None:
-        self.sample_rate_hz = sample_rate_hz
+        super().__init__(sample_rate_hz)
         self._stt = stt
         self._resampler = (
             None
@@ -281,33 +282,11 @@ class WhisperStream:
         )
         self._vad = SileroVad(DECODER_RATE_HZ, silence_ms=1 << 30, pause_ms=pause_ms)
         self._audio: list[np.ndarray] = []
-        self._nbytes = 0
         self._said_since = False  # speech arrived after the last decode
         self._decoded: str | None = None
         self._last = ""
         #: How many times the stream has decoded (at pauses, and at the end if speech followed).
         self.decodes = 0
-        self._busy = False
-        self._closed = False
-        self._released = False
-
-    async def __aenter__(self) -> WhisperStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def _enter(self) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError("the stream is finished or closed")
-        if self._busy:
-            raise trio.BusyResourceError("another task is feeding this stream")
-        self._busy = True
 
     def _take(self, x: np.ndarray) -> bool:
         """Keep 16 kHz audio; whether it ends at a pause that needs a decode."""
@@ -340,9 +319,7 @@ class WhisperStream:
         """
         self._enter()
         try:
-            if len(pcm) % 2:
-                raise ValueError(f"s16le PCM needs an even byte count, got {len(pcm)} bytes")
-            self._nbytes += len(pcm)
+            self._took(pcm)
             x = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
             if self._resampler is not None:
                 x = self._resampler.resample_chunk(x)
@@ -380,19 +357,8 @@ class WhisperStream:
         finally:
             self._closed = True
             self._leave()
-        return Transcript(text=text, audio_seconds=pcm_seconds(self._nbytes, self.sample_rate_hz))
+        return self._transcript(text)
 
-    def _leave(self) -> None:
-        self._busy = False
-        if self._closed and not self._released:
-            # Closed (finished, or abandoned while a decode ran): give the VAD model back.
-            self._released = True
-            self._vad.close()
-            self._audio.clear()
-
-    async def aclose(self) -> None:
-        """Abandon the utterance, if unfinished."""
-        self._closed = True
-        if not self._busy:
-            self._leave()
-        await trio.lowlevel.checkpoint()
+    def _release(self) -> None:
+        self._vad.close()
+        self._audio.clear()

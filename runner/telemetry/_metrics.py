@@ -105,6 +105,12 @@ class Metrics:
         self.provider_errors = Counter(
             "curb_provider_errors", "Provider errors, by provider and code.", ["provider", "code"], registry=r
         )
+        self.stt_decodes = Counter(
+            "curb_stt_decodes",
+            "Passes of an embedded recognizer's model over audio, by provider.",
+            ["provider"],
+            registry=r,
+        )
         self._reasons: set[str] = set()
         # Labelled children, looked up once: ``labels()`` costs more than the observation.
         self._children: dict[tuple[str, str], Any] = {}
@@ -173,6 +179,10 @@ class Metrics:
 
     def provider_error(self, provider: str, code: str) -> None:
         self.provider_errors.labels(provider, code).inc()
+
+    def decoded(self, provider: str) -> None:
+        """An embedded recognizer ran its model over audio (Whisper: once per decode)."""
+        self._child(self.stt_decodes, "stt_decodes", provider).inc()
 
 
 class _StateCollector(Collector):

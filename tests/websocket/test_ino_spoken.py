@@ -16,6 +16,7 @@ from runner.providers.espeak import EspeakTTS
 from runner.providers.whisper import WhisperSTT
 from runner.voice.audio import resample_s16le
 
+from ..test_telemetry import scrape, value
 from .ino_agents import CLEAR_VOICE
 from .ino_client import Addresses, InoSocket, connect
 from .test_ino_conformance import types
@@ -82,6 +83,26 @@ async def test_a_spoken_turn_end_to_end(speaking: Addresses) -> None:
         said = _words(done["message"])
         assert len(said & _words(transcript.text)) >= 0.8 * len(said), (transcript.text, done["message"])
         sock.checker.finish()
+
+
+async def test_a_spoken_turn_decodes_its_recording_once(speaking: Addresses) -> None:
+    # The recognizer stream decodes at the pause after the last word; the turn's words are
+    # that decode, not a second decode of the same audio once the recording ends.
+    pcm = await speech("My name is John.")
+    token, session_id = await speaking.api().person()
+    async with speaking.management_client() as management:
+        before = value(await scrape(management), "curb_stt_decodes_total", provider="whisper")
+        async with connect(speaking, token, session_id) as sock:
+            await sock.send("user_audio.start", rate=RATE, recording_id="once", language="en")
+            await send_audio(sock, pcm)
+            partials = await sock.until_type("heard.partial")
+            await sock.send("user_audio.end")
+            frames = partials + await sock.turn_end(timeout=30)
+        decodes = value(await scrape(management), "curb_stt_decodes_total", provider="whisper") - before
+    heard = next(f for f in frames if f["type"] == "heard")
+    assert {"name", "john"} <= heard_words(heard["text"]), heard
+    assert frames[-1]["type"] == "turn.done"
+    assert decodes == 1
 
 
 def _words(text: str) -> set[str]:

@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from ... import ino_wire as w
-from ...platform import HEARING_RATE_HZ, Recording, TurnRateExceeded, TurnRequest, transcribe
+from ...platform import HEARING_RATE_HZ, Recording, StreamedWords, TurnRateExceeded, TurnRequest, transcribe
 from ...platform._events import Charged, ConversationEvent
 from ...providers import ProviderError
 from ...wire import parse_json
@@ -374,6 +374,7 @@ class Connection:
         if stream is not None:
             send, receive = trio.open_memory_channel[bytes](math.inf)
             recording.feed = send
+            recording.streamed = StreamedWords()
             nursery.start_soon(self._recognize_partials, recording, stream, receive)
         await trio.lowlevel.checkpoint()
 
@@ -387,12 +388,14 @@ class Connection:
         if recording.feed is not None:
             recording.feed.send_nowait(data)
 
-    def _close_recording(self) -> None:
+    def _close_recording(self, *, hear: bool = False) -> None:
+        """No more audio for the open recording; ``hear``: its stream finishes it (its words are wanted)."""
         recording, self.recording = self.recording, None
         if recording is not None:
             if recording.feed is not None:
                 recording.feed.close()
-            recording.scope.cancel()
+            if not hear:
+                recording.scope.cancel()
 
     def _end_recording(self, end: w.UserAudioEnd, nursery: trio.Nursery) -> None:
         call = self.call
@@ -435,7 +438,7 @@ class Connection:
                     )
                 )
                 return
-            self._close_recording()
+            self._close_recording(hear=True)
             self.transcribing += 1
             nursery.start_soon(self._transcribe_only, recording)
             return
@@ -443,45 +446,61 @@ class Connection:
         if not self._request_turn(request):
             self.send(w.Error(code="conflict", message=CONFLICT, recording_id=recording.recording_id))
             return
-        self._close_recording()
+        self._close_recording(hear=True)
 
     async def _recognize_partials(
         self, recording: Recording, stream: Any, chunks: trio.MemoryReceiveChannel[bytes]
     ) -> None:
+        """Feed the stream as audio comes; once the recording ends, its ``finish`` is the recording's words."""
+        streamed = recording.streamed
+        assert streamed is not None
         carry = b""
-        with recording.scope:
-            async with stream:
-                async for first in chunks:
-                    pieces = [carry, first]
-                    while True:
-                        try:
-                            pieces.append(chunks.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                    data = b"".join(pieces)
-                    cut = len(data) // 2 * 2
-                    data, carry = data[:cut], data[cut:]
-                    # pocketsphinx holds the GIL while it decodes: feed it at most 100 ms
-                    # at a time, so the runner's other tasks run between the pieces.
-                    step = recording.rate_hz * 2 // 10
-                    text = None
-                    for start in range(0, len(data), step):
-                        try:
+        try:
+            with recording.scope:
+                async with stream:
+                    async for first in chunks:
+                        pieces = [carry, first]
+                        while True:
+                            try:
+                                pieces.append(chunks.receive_nowait())
+                            except (trio.WouldBlock, trio.EndOfChannel):
+                                break
+                        data = b"".join(pieces)
+                        cut = len(data) // 2 * 2
+                        data, carry = data[:cut], data[cut:]
+                        # pocketsphinx holds the GIL while it decodes: feed it at most 100 ms
+                        # at a time, so the runner's other tasks run between the pieces.
+                        step = recording.rate_hz * 2 // 10
+                        text = None
+                        for start in range(0, len(data), step):
                             text = await stream.feed(data[start : start + step]) or text
-                        except (ProviderError, ValueError, trio.ClosedResourceError) as exc:
-                            log.warning("partial recognition stopped: %s", exc)
-                            return
-                    if text and self.recording is recording:
-                        self.send(w.HeardPartial(text=text))
-                        call = self.call
-                        if (
-                            recording.barge_in
-                            and not recording.barged
-                            and call is not None
-                            and call.conversation.is_person(text)
-                        ):
-                            recording.barged = True
-                            call.conversation.barge_in(self, text, recording.recording_id)
+                        if text and self.recording is recording:
+                            self.send(w.HeardPartial(text=text))
+                            self._heard_partial(recording, text)
+                    streamed.set((await stream.finish()).text)
+        except (ProviderError, ValueError, trio.ClosedResourceError) as exc:
+            log.warning("recognition stopped: %s", exc)
+            streamed.fail(
+                exc
+                if isinstance(exc, ProviderError)
+                else ProviderError("provider_failed", f"recognition failed: {exc}")
+            )
+        finally:
+            # Cancelled (the recording was thrown away, the socket closed): nobody should wait.
+            streamed.fail(
+                ProviderError("provider_failed", "the recognition stopped before the recording ended")
+            )
+
+    def _heard_partial(self, recording: Recording, text: str) -> None:
+        call = self.call
+        if (
+            recording.barge_in
+            and not recording.barged
+            and call is not None
+            and call.conversation.is_person(text)
+        ):
+            recording.barged = True
+            call.conversation.barge_in(self, text, recording.recording_id)
 
     async def _transcribe_only(self, recording: Recording) -> None:
         request_id = "req_" + secrets.token_hex(8)
