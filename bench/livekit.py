@@ -77,12 +77,16 @@ QUICK = Profile(name="quick", calls=3, turns_per_call=2, seconds=90.0)
 FULL = Profile(name="full", calls=10, turns_per_call=3, seconds=300.0)
 
 
-async def sentence_file(directory: Path) -> tuple[Path, int, float]:
+#: The caller's sentence as a file: its path, its rate, and the seconds of quiet after its speech.
+Sentence = tuple[Path, int, float]
+
+
+async def sentence_file(directory: Path, *, lead_s: float = LEAD_S) -> Sentence:
     """The caller's sentence as PCM with silence around it; and where its speech ends, in s from the end."""
     tts = EspeakTTS(VOICE)
     pcm = b"".join([chunk async for chunk in tts.synthesize(SENTENCE)])
     rate = tts.sample_rate_hz
-    data = bytes(2 * int(rate * LEAD_S)) + pcm + bytes(2 * int(rate * TAIL_S))
+    data = bytes(2 * int(rate * lead_s)) + pcm + bytes(2 * int(rate * TAIL_S))
     samples = array("h", data)
     last = max(i for i, x in enumerate(samples) if abs(x) > SPEECH_LEVEL)
     path = directory / "sentence.pcm"
@@ -90,15 +94,25 @@ async def sentence_file(directory: Path) -> tuple[Path, int, float]:
     return path, rate, (len(samples) - 1 - last) / rate
 
 
+async def say_and_hear(caller: Any, sentence: Sentence, *, within: float = 20) -> tuple[float, float]:
+    """The caller says ``sentence``; when its speech ended and when the agent's reply was first
+    heard (``time.monotonic()``, which every process here reads from the same clock)."""
+    path, rate, after_speech_s = sentence
+    said = await caller.request("play", path=str(path), rate=rate, timeout=60)
+    speech_end = float(said["ended_at"]) - after_speech_s
+    reply = await caller.request("wait_speech", after=speech_end, within=within, timeout=within + 5)
+    return speech_end, float(reply["first_loud_at"])
+
+
 async def one_call(
     env: LiveKitEnv,
     host: Any,
     index: int,
     profile: Profile,
-    sentence: tuple[Path, int, float],
+    sentence: Sentence,
     out: dict[str, list[float]],
 ) -> None:
-    path, rate, after_speech_s = sentence
+    _, rate, _ = sentence
     room = env.unique_room("bench")
     session_id = f"bench-{index}-{uuid.uuid4().hex[:6]}"
     async with env.peer("caller", room) as caller:
@@ -114,10 +128,8 @@ async def one_call(
         await caller.request("record", identity=AGENT_IDENTITY)
         await caller.request("wait_speech", within=15, timeout=20)  # the greeting
         for _ in range(profile.turns_per_call):
-            said = await caller.request("play", path=str(path), rate=rate, timeout=30)
-            speech_end = said["ended_at"] - after_speech_s
-            reply = await caller.request("wait_speech", after=speech_end, within=20, timeout=25)
-            out["end_of_speech_to_first_audio_s"].append(reply["first_loud_at"] - speech_end)
+            speech_end, heard_at = await say_and_hear(caller, sentence)
+            out["end_of_speech_to_first_audio_s"].append(heard_at - speech_end)
         stopped = await host.stop_call(session_id)
         if stopped.status != 200:
             raise RuntimeError(f"DELETE answered {stopped.status}: {stopped.body}")

@@ -9,6 +9,10 @@ microphone), with the two agents of ``bench/_voice_agents.py``:
 1. Latency: per turn, from the end of the caller's speech (its last loud sample leaving the
    caller's audio source) to the first loud 20 ms frame of the agent's reply at the caller,
    p50/p99, old agent and new agent in the same run. Both end a turn after 500 ms of quiet.
+   Each turn is split into stages: the runner logs its moments (``runner.voice.timeline``,
+   at debug: the pause found, the decode done, the model's first text, the turn's end, the
+   first synthesized audio, the first audio handed to LiveKit) on the same monotonic clock
+   as the caller's, and the bench prints each stage's p50 from the end of speech.
 2. Concurrency (the new agent): N calls at once on one runner, each caller saying its
    sentence every few seconds, for N = 1, 2, 3, 4, 6, 8, ...; per N, the same latency's
    p50/p99 and the runner's resident memory per call (its RSS with the N calls in their
@@ -25,11 +29,12 @@ import argparse
 import functools
 import os
 import random
+import re
 import sys
 import tempfile
 import time
 import uuid
-from array import array
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,7 @@ import attrs
 import trio
 
 from ._common import cpu_report, cpu_sample, machine_info, print_table, say, summarize, write_results
+from .livekit import SENTENCE, VOICE, Sentence, say_and_hear, sentence_file
 
 _LK_TESTS = Path(__file__).resolve().parents[1] / "tests" / "livekit"
 if str(_LK_TESTS) not in sys.path:
@@ -45,14 +51,21 @@ if str(_LK_TESTS) not in sys.path:
 from lk_harness import LiveKitEnv, LiveKitServer, find_livekit_server  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 from lk_runner import AGENT_IDENTITY, open_runner  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 
-from runner.providers.espeak import EspeakTTS  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
-
 AGENTS = Path(__file__).with_name("_voice_agents.py")
-VOICE = "en-us+f2"
-SENTENCE = "Thank you very much, my name is John."
 LEAD_S = 0.5
-TAIL_S = 1.5
-SPEECH_LEVEL = 1_000
+# The runner's moments of a spoken turn, in the order they happen on the new path.
+MOMENTS = (
+    "paused",
+    "decoded",
+    "model_asked_early",
+    "model_first_text_early",
+    "turn_ended",
+    "turn_started",
+    "model_first_text",
+    "tts_first_audio",
+    "published_first_audio",
+)
+_MARK = re.compile(r"runner\.voice\.timeline \[(?P<session>[^\]]+)\]: (?P<moment>\w+) (?P<at>[\d.]+)$")
 
 
 @attrs.frozen(kw_only=True)
@@ -78,18 +91,6 @@ FULL = Profile(
 )
 
 
-async def sentence_file(directory: Path) -> tuple[Path, int, float]:
-    tts = EspeakTTS(VOICE)
-    pcm = b"".join([chunk async for chunk in tts.synthesize(SENTENCE)])
-    rate = tts.sample_rate_hz
-    data = bytes(2 * int(rate * LEAD_S)) + pcm + bytes(2 * int(rate * TAIL_S))
-    samples = array("h", data)
-    last = max(i for i, x in enumerate(samples) if abs(x) > SPEECH_LEVEL)
-    path = directory / "sentence.pcm"
-    path.write_bytes(data)
-    return path, rate, (len(samples) - 1 - last) / rate
-
-
 def _rss_mb(journal: Path) -> float | None:
     """The runner's resident memory: the process whose command line names its journal."""
     for entry in os.listdir("/proc"):
@@ -107,12 +108,41 @@ def _rss_mb(journal: Path) -> float | None:
     return None
 
 
+def stages(
+    stderr: list[str], session_id: str, began: float, speech_end: float, heard_at: float
+) -> dict[str, float]:
+    """One turn's moments from the runner's log, in ms after the end of the caller's speech.
+
+    Each is the moment's last mark of the call between the caller starting to speak and the
+    reply reaching it (a pause in mid-sentence is followed by the one that counts); ``received``
+    is the reply's first loud frame at the caller.
+    """
+    out: dict[str, float] = {}
+    for line in stderr:
+        found = _MARK.search(line)
+        if found is None or found["session"] != session_id:
+            continue
+        at = float(found["at"])
+        if began <= at <= heard_at:
+            out[found["moment"]] = (at - speech_end) * 1000
+    out["received"] = (heard_at - speech_end) * 1000
+    return out
+
+
+@attrs.define
+class Turns:
+    """What the turns of one agent (or one concurrency level) measured."""
+
+    latencies: list[float] = attrs.Factory(list)
+    stages: list[dict[str, float]] = attrs.Factory(list)
+
+
 async def _call(
     env: LiveKitEnv,
     host: Any,
-    sentence: tuple[Path, int, float],
+    sentence: Sentence,
     turns: int,
-    latencies: list[float],
+    into: Turns,
     *,
     in_turns: trio.Event | None = None,
     pace_s: float = 0.0,
@@ -120,7 +150,7 @@ async def _call(
 ) -> None:
     """One call of ``turns`` spoken turns; a call that fails is counted in ``failures`` (if given)."""
     try:
-        await _call_once(env, host, sentence, turns, latencies, in_turns=in_turns, pace_s=pace_s)
+        await _call_once(env, host, sentence, turns, into, in_turns=in_turns, pace_s=pace_s)
     except Exception as exc:  # an overloaded call is a figure, not the end of the run
         if failures is None:
             raise
@@ -133,14 +163,14 @@ async def _call(
 async def _call_once(
     env: LiveKitEnv,
     host: Any,
-    sentence: tuple[Path, int, float],
+    sentence: Sentence,
     turns: int,
-    latencies: list[float],
+    into: Turns,
     *,
     in_turns: trio.Event | None,
     pace_s: float,
 ) -> None:
-    path, rate, after_speech_s = sentence
+    _, rate, _ = sentence
     room = env.unique_room("voice")
     session_id = f"voice-{uuid.uuid4().hex[:8]}"
     async with env.peer("caller", room) as caller:
@@ -154,28 +184,42 @@ async def _call_once(
         if pace_s:
             await trio.sleep(random.uniform(0, pace_s))  # calls do not talk in lockstep
         for turn in range(turns):
-            said = await caller.request("play", path=str(path), rate=rate, timeout=60)
-            speech_end = said["ended_at"] - after_speech_s
-            reply = await caller.request("wait_speech", after=speech_end, within=30, timeout=35)
-            latencies.append(reply["first_loud_at"] - speech_end)
+            began = time.monotonic()
+            speech_end, heard_at = await say_and_hear(caller, sentence, within=30)
+            into.latencies.append(heard_at - speech_end)
+            into.stages.append(stages(host.runner.stderr, session_id, began, speech_end, heard_at))
             if turn == 0 and in_turns is not None:
                 in_turns.set()
-            await caller.request(
-                "wait_quiet", after=reply["first_loud_at"], quiet_ms=600, within=30, timeout=35
-            )
+            await caller.request("wait_quiet", after=heard_at, quiet_ms=600, within=30, timeout=35)
         await host.stop_call(session_id)
 
 
-async def latency(env: LiveKitEnv, workdir: Path, agent: str, profile: Profile, sentence: Any) -> list[float]:
-    out: list[float] = []
-    journal = workdir / f"{agent}.db"
-    async with open_runner(env, journal, agent=f"{AGENTS}:{agent}") as host:
-        for n in range(profile.latency_calls):
-            say(f"{agent}: call {n + 1}/{profile.latency_calls}")
-            failures: list[str] = []
-            await _call(env, host, sentence, profile.latency_turns, out, failures=failures)
-            if failures:
-                say(f"{agent}: the call failed: {failures[0]}")
+# The runner logs at debug, so its timeline marks reach its stderr; runners side by side each
+# take a free port for their public listener.
+_RUNNER_ARGS = ("--log-level", "debug", "--public-address", "127.0.0.1:0")
+
+
+async def latency(
+    env: LiveKitEnv, workdir: Path, agents: tuple[str, ...], profile: Profile, sentence: Sentence
+) -> dict[str, Turns]:
+    """``profile.latency_calls`` calls per agent, each agent on a runner of its own; the agents
+    take turns call by call, so a change of the machine's load meets each alike."""
+    out = {agent: Turns() for agent in agents}
+    async with AsyncExitStack() as stack:
+        hosts = {
+            agent: await stack.enter_async_context(
+                open_runner(env, workdir / f"{agent}.db", *_RUNNER_ARGS, agent=f"{AGENTS}:{agent}")
+            )
+            for agent in agents
+        }
+        with trio.move_on_after(profile.seconds / 2):
+            for n in range(profile.latency_calls):
+                for agent, host in hosts.items():
+                    say(f"{agent}: call {n + 1}/{profile.latency_calls}")
+                    failures: list[str] = []
+                    await _call(env, host, sentence, profile.latency_turns, out[agent], failures=failures)
+                    if failures:
+                        say(f"{agent}: the call failed: {failures[0]}")
     return out
 
 
@@ -189,18 +233,18 @@ async def _sample_memory(journal: Path, started: list[trio.Event], into: list[fl
 
 
 async def concurrency(
-    env: LiveKitEnv, workdir: Path, profile: Profile, sentence: Any, levels: list[dict[str, Any]]
+    env: LiveKitEnv, workdir: Path, profile: Profile, sentence: Sentence, levels: list[dict[str, Any]]
 ) -> None:
     """Adds each level to ``levels`` as it is measured (a run cut short keeps those done)."""
     journal = workdir / "concurrency.db"
     async with open_runner(
-        env, journal, "--max-sessions", str(max(profile.levels)), agent=f"{AGENTS}:new"
+        env, journal, *_RUNNER_ARGS, "--max-sessions", str(max(profile.levels)), agent=f"{AGENTS}:new"
     ) as host:
         idle_mb = _rss_mb(journal)
         base_p50: float | None = None
         for n in profile.levels:
             say(f"concurrency: {n} calls at once")
-            out: list[float] = []
+            out = Turns()
             failures: list[str] = []
             started = [trio.Event() for _ in range(n)]
             rss_during: list[float] = []
@@ -222,10 +266,11 @@ async def concurrency(
                             failures=failures,
                         )
                     )
-            stats = summarize(out, scale=1000)
+            stats = summarize(out.latencies, scale=1000)
             level = {
                 "calls": n,
                 "end_of_speech_to_first_audio_ms": stats,
+                "stages_p50_ms": stage_p50s(out.stages),
                 "runner_rss_mb": rss_during[0] if rss_during else None,
                 "runner_rss_idle_mb": idle_mb,
                 "memory_per_call_mb": (rss_during[0] - idle_mb) / n if rss_during and idle_mb else None,
@@ -234,8 +279,9 @@ async def concurrency(
             }
             levels.append(level)
             if failures:
-                say(f"  {len(failures)} of {n} calls failed: saturated")
-                break
+                say(f"  {len(failures)} of {n} calls failed: {failures[0]}")
+                if 2 * len(failures) > n:
+                    break  # saturated
             say(f"  p50 {stats.get('p50', 0):.0f} ms, p99 {stats.get('p99', 0):.0f} ms")
             if "p50" not in stats:
                 break
@@ -246,14 +292,33 @@ async def concurrency(
                 break
 
 
-async def run(profile: Profile) -> dict[str, Any]:
+def stage_p50s(turns: list[dict[str, float]]) -> dict[str, float]:
+    """Each moment's p50 over the turns that have it, in ms after the end of speech."""
+    out: dict[str, float] = {}
+    for moment in (*MOMENTS, "received"):
+        values = [t[moment] for t in turns if moment in t]
+        if values:
+            out[moment] = float(summarize(values)["p50"])
+    return out
+
+
+AGENT_NAMES = {
+    "old": "old (energy VAD, pocketsphinx, espeak)",
+    "new": "new (Silero, Whisper at pauses, hibari)",
+}
+
+
+async def run(profile: Profile, agents: tuple[str, ...], levels: tuple[int, ...]) -> dict[str, Any]:
     binary = find_livekit_server()
     if binary is None:
         raise SystemExit("livekit-server not found: run .ci/install-livekit-server")
     if os.geteuid() != 0:
         raise SystemExit("this benchmark makes a network namespace and must run as root")
     began = time.perf_counter()
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {agent: Turns() for agent in agents}
+    result["concurrency"] = []
+    profile = attrs.evolve(profile, levels=levels)
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-voice-") as tmp:
         workdir = Path(tmp)
         server = LiveKitServer(binary, workdir / "server")
@@ -261,12 +326,12 @@ async def run(profile: Profile) -> dict[str, Any]:
         env = LiveKitEnv(server, workdir)
         cpu_start = cpu_sample()
         try:
-            sentence = await sentence_file(workdir)
+            sentence = await sentence_file(workdir, lead_s=LEAD_S)
             with trio.move_on_after(profile.seconds):
-                for agent in ("old", "new"):
-                    result[agent] = await latency(env, workdir, agent, profile, sentence)
-                result["concurrency"] = []
-                await concurrency(env, workdir, profile, sentence, result["concurrency"])
+                if agents:
+                    result |= await latency(env, workdir, agents, profile, sentence)
+                if levels:
+                    await concurrency(env, workdir, profile, sentence, result["concurrency"])
         finally:
             cpu_end = cpu_sample()
             await env.aclose()
@@ -274,16 +339,18 @@ async def run(profile: Profile) -> dict[str, Any]:
     return {
         "benchmark": "livekit_voice",
         "profile": profile.name,
-        "command": "python -m bench.livekit_voice" + (" --quick" if profile is QUICK else ""),
+        "command": "python -m bench.livekit_voice" + (" --quick" if profile.name == "quick" else ""),
         "seconds": time.perf_counter() - began,
         "machine": machine_info(),
         "parameters": attrs.asdict(profile)
-        | {"sentence": SENTENCE, "caller_voice": VOICE, "end_of_turn_ms": 500},
-        "latency_ms": {agent: summarize(result.get(agent, []), scale=1000) for agent in ("old", "new")},
-        "samples_ms": {
-            agent: [round(v * 1000, 1) for v in result.get(agent, [])] for agent in ("old", "new")
-        },
-        "concurrency": result.get("concurrency", []),
+        | {"sentence": SENTENCE, "caller_voice": VOICE, "end_of_turn_ms": 500, "agents": list(agents)},
+        "load_average_at_start": list(load_at_start),
+        "load_average_at_end": list(os.getloadavg()),
+        "latency_ms": {agent: summarize(result[agent].latencies, scale=1000) for agent in agents},
+        "stages_p50_ms": {agent: stage_p50s(result[agent].stages) for agent in agents},
+        "samples_ms": {agent: [round(v * 1000, 1) for v in result[agent].latencies] for agent in agents},
+        "stages_ms": {agent: result[agent].stages for agent in agents},
+        "concurrency": result["concurrency"],
         "cpu": cpu_report(cpu_start, cpu_end),
     }
 
@@ -291,23 +358,47 @@ async def run(profile: Profile) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and levels, at most 5 minutes")
+    parser.add_argument(
+        "--agents", default=",".join(AGENT_NAMES), help=f"agents to time, of {', '.join(AGENT_NAMES)}"
+    )
+    parser.add_argument("--levels", help="calls at once to try, e.g. 1,2,4 (0: none); default the profile's")
     args = parser.parse_args()
     profile = QUICK if args.quick else FULL
-    result = trio.run(run, profile)
+    agents = tuple(a for a in args.agents.split(",") if a)
+    unknown = [a for a in agents if a not in AGENT_NAMES]
+    if unknown:
+        parser.error(f"unknown agents {unknown}: choose of {', '.join(AGENT_NAMES)}")
+    levels = (
+        profile.levels if args.levels is None else tuple(int(n) for n in args.levels.split(",") if int(n))
+    )
+    result = trio.run(run, profile, agents, levels)
     path = write_results("livekit_voice", result)
-    old, new = result["latency_ms"]["old"], result["latency_ms"]["new"]
+    say(f"load average at start {result['load_average_at_start']}, at end {result['load_average_at_end']}")
+    latency_ms = result["latency_ms"]
     rows = [
-        [name, s.get("n", 0), f"{s.get('p50', 0):.0f}", f"{s.get('p99', 0):.0f}"]
-        for name, s in (
-            ("old (energy VAD, pocketsphinx, espeak)", old),
-            ("new (Silero, Whisper, hibari)", new),
-        )
+        [AGENT_NAMES[a], s.get("n", 0), f"{s.get('p50', 0):.0f}", f"{s.get('p99', 0):.0f}"]
+        for a, s in latency_ms.items()
     ]
-    if old.get("p50") and new.get("p50"):
-        rows.append(["new / old", "", f"{new['p50'] / old['p50']:.2f}", f"{new['p99'] / old['p99']:.2f}"])
+    base = latency_ms.get("old", {})
+    for agent, s in latency_ms.items():
+        if agent != "old" and base.get("p50") and s.get("p50"):
+            rows.append(
+                [f"{agent} / old", "", f"{s['p50'] / base['p50']:.2f}", f"{s['p99'] / base['p99']:.2f}"]
+            )
     print_table(["end of speech -> first audio", "n", "p50 ms", "p99 ms"], rows)
+    stage_rows = result["stages_p50_ms"]
     print_table(
-        ["calls at once", "turns", "p50 ms", "p99 ms", "runner RSS MB", "MB per call"],
+        ["p50 ms after the end of speech", *stage_rows],
+        [
+            [
+                moment,
+                *(f"{stage_rows[a][moment]:.0f}" if moment in stage_rows[a] else "-" for a in stage_rows),
+            ]
+            for moment in (*MOMENTS, "received")
+        ],
+    )
+    print_table(
+        ["calls at once", "turns", "p50 ms", "p99 ms", "runner RSS MB", "MB per call", "failed calls"],
         [
             [
                 level["calls"],
@@ -316,6 +407,7 @@ def main() -> None:
                 f"{level['end_of_speech_to_first_audio_ms'].get('p99', 0):.0f}",
                 f"{level['runner_rss_mb']:.0f}" if level["runner_rss_mb"] else "-",
                 f"{level['memory_per_call_mb']:.1f}" if level["memory_per_call_mb"] else "-",
+                len(level["failed_calls"]),
             ]
             for level in result["concurrency"]
         ],

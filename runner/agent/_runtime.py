@@ -30,7 +30,7 @@ from ..sessions import (
     TransportSession,
     UserText,
 )
-from ..telemetry import current_metrics, current_span, enter_span, exit_span, stage, start_span
+from ..telemetry import current_metrics, current_span, enter_span, exit_span, mark, stage, start_span
 from ..voice.engine import (
     AudioData,
     AudioStart,
@@ -271,6 +271,7 @@ class AgentRuntime:
         self._outbox_send, self._outbox = trio.open_memory_channel[Callable[[], Awaitable[None]]](math.inf)
         self._listeners: list[Callable[[TurnEvent], Awaitable[None]]] = []
         self._audio_rate_hz = 0
+        self._publishing_first = False  # a turn's first audio is on its way (for its timeline)
         self._listener: Listener | None = None
         self._turns_send, self._turns = trio.open_memory_channel[tuple[str | None, dict[str, Any]]](math.inf)
         # Each utterance with when it ended (time.monotonic()), for the turn's latency.
@@ -356,8 +357,12 @@ class AgentRuntime:
         session = self.session
         if isinstance(event, AudioStart):
             self._audio_rate_hz = event.sample_rate_hz
+            self._publishing_first = self._publishing_first or event.chunk == 0
         elif isinstance(event, AudioData) and session is not None:
             await session.publish_audio(event.pcm, self._audio_rate_hz)
+            if self._publishing_first:
+                self._publishing_first = False
+                mark("published_first_audio")
         elif isinstance(event, TurnFinished):
             # A call that asks first waits for the rest of its turn and one more.
             for call_id, pending in list(self._pending.items()):
@@ -795,6 +800,7 @@ class AgentRuntime:
                 else:
                     with stage("stt", self._providers.stt(self.current()[2])):
                         heard = await self._listener.transcribe(speech)
+                    mark("decoded")
                     prefetched = None
                 if heard.text:
                     self._queue_turn(
@@ -839,9 +845,11 @@ class AgentRuntime:
         async def transcribe() -> Any:
             # Before any turn exists: this transcription's span is a child of the call.
             with stage("stt", recognizer):
-                return await listener.transcribe(
+                heard = await listener.transcribe(
                     SpeechEnded(pcm=paused.pcm, sample_rate_hz=paused.sample_rate_hz)
                 )
+            mark("decoded")
+            return heard
 
         nursery.start_soon(speculation.run, transcribe, prefetch, nursery)
 
@@ -882,12 +890,15 @@ class AgentRuntime:
                     if self.session is not None:
                         await self.session.clear_audio()
                 elif isinstance(heard, SpeechPaused):
+                    mark("paused")
                     self._speculate(heard, nursery)
                 elif isinstance(heard, SpeechResumed):
+                    mark("resumed")
                     if self._speculation is not None:
                         self._speculation.cancel()
                         self._speculation = None
                 elif isinstance(heard, SpeechEnded):
+                    mark("turn_ended")
                     # Transcribed in order by its own task: the call keeps reading events meanwhile.
                     self._queued += 1
                     self._idle = trio.Event() if self._idle.is_set() else self._idle

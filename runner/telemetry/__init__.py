@@ -8,6 +8,7 @@ from ._metrics import Metrics as Metrics
 from ._metrics import current_metrics as current_metrics
 from ._metrics import follow as follow
 from ._metrics import unfollow as unfollow
+from ._timeline import mark as mark
 from ._tracing import Stage as Stage
 from ._tracing import configure_tracing as configure_tracing
 from ._tracing import configure_tracing_from_env as configure_tracing_from_env

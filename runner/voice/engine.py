@@ -22,7 +22,7 @@ import trio
 
 from ..providers import LLM, TTS, ChatMessage, ProviderError, TextDelta, ToolCall, ToolSpec, Usage
 from ..providers._types import ThoughtDelta, reports_thoughts
-from ..telemetry import stage
+from ..telemetry import mark, stage
 from .chunker import SentenceChunker
 
 # -- What a turn reports ---------------------------------------------------------------------
@@ -303,6 +303,7 @@ class Turn:
         """
         self._thoughts = thoughts
         self._started = time.monotonic()
+        mark("turn_started")
         await self._emit(TurnStarted(turn=self.id))
         if user is not None:
             self._history.append(ChatMessage(role="user", content=user))
@@ -520,6 +521,7 @@ class Turn:
                         )
                     if self._first_audio is None:
                         self._first_audio = time.monotonic()
+                        mark("tts_first_audio")
                     sent += len(pcm)
                     await self._emit(AudioData(turn=self.id, chunk=chunk, pcm=pcm))
         except ProviderError as exc:
@@ -555,9 +557,12 @@ async def _stream(
         else:
             stream = llm.stream(messages, tools)
         async with aclosing(stream) as events:  # type: ignore[type-var]  # the LLM Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
+            first = True
             async for event in events:
-                if isinstance(event, TextDelta):
+                if isinstance(event, TextDelta) and first:
+                    first = False
                     request.first()
+                    mark("model_first_text")
                 yield event
 
 

@@ -17,7 +17,8 @@ from contextlib import aclosing
 
 import trio
 
-from ..providers import LLM, ChatMessage, LLMEvent, ProviderError, ToolSpec
+from ..providers import LLM, ChatMessage, LLMEvent, ProviderError, TextDelta, ToolSpec
+from ..telemetry import mark
 from .listener import Utterance
 
 __all__ = ["Preempted", "PrefetchedReply", "Speculation", "early_messages"]
@@ -61,10 +62,15 @@ class PrefetchedReply:
 
     async def run(self) -> None:
         """Stream the reply into memory until it ends, fails or is cancelled."""
+        mark("model_asked_early")
+        written = False
         with self._scope:
             try:
                 async with aclosing(self.llm.stream(self.messages, self.tools)) as events:  # type: ignore[type-var]  # the LLM Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
                     async for event in events:
+                        if isinstance(event, TextDelta) and not written:
+                            written = True
+                            mark("model_first_text_early")
                         self._events.append(event)
                         self._wake()
             except ProviderError as exc:
