@@ -27,6 +27,12 @@ SAMPLE_RATE_HZ = 24_000
 DEFAULT_VOICE = "heart"
 # Audio is yielded in pieces of this length, so a mute stops the voice within one.
 _PIECE_MS = 60
+# hibari starts every phrase with about 300 ms of quiet (200 ms of digital zero, then a
+# fade-in): a reply would start that late. Its start is cut to this much before the first
+# sample louder than -60 dBFS; its end (about 450 ms of quiet) stays, as the pause before
+# the next sentence.
+_LEAD_MS = 30
+_SOUND = 10 ** (-60 / 20)
 
 
 class UnsupportedVoice(ProviderError, ValueError):
@@ -76,7 +82,10 @@ class _Engine:
 
     def synthesize(self, phonemes: str) -> bytes:
         with self.lock:
-            wav = self.hibari.from_phonemes(phonemes)
+            wav = np.asarray(self.hibari.from_phonemes(phonemes), dtype=np.float32)
+        sound = np.flatnonzero(np.abs(wav) > _SOUND)
+        if sound.size:
+            wav = wav[max(0, int(sound[0]) - SAMPLE_RATE_HZ * _LEAD_MS // 1000) :]
         pcm: bytes = np.clip(np.rint(wav * 32767.0), -32768, 32767).astype("<i2").tobytes()
         return pcm
 
