@@ -15,7 +15,8 @@ async def speech(text: str) -> bytes:
 
 def noise(seconds: float, dbfs: float, seed: int = 0) -> bytes:
     sd = 32768 * 10 ** (dbfs / 20)
-    x = np.random.default_rng(seed).normal(0.0, sd, int(RATE * seconds))
+    # round, not int: a length given as samples / RATE must come back exact to mix with them.
+    x = np.random.default_rng(seed).normal(0.0, sd, round(RATE * seconds))
     return np.clip(np.rint(x), -32768, 32767).astype("<i2").tobytes()
 
 
