@@ -29,7 +29,7 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError
 
-from runner.host import EventsCursor, JournalRecord, RunnerClient
+from runner.host import EventFollower, EventsCursor, JournalRecord, RunnerClient
 from runner.wire import encode
 
 from ..host.helpers import free_port
@@ -92,8 +92,9 @@ class _Follower:
         self.cursor: EventsCursor | int = 0
         self.seen: list[JournalRecord] = []
         self.odd: list[str] = []  # anything but a record: a Lost or a SeqGap
-        self.duplicates = 0
-        self.connects = 0
+        self._duplicates = 0  # of the followers closed so far
+        self._reported = 0
+        self._events: EventFollower | None = None
         self._scope: trio.CancelScope | None = None
         self._changed = trio.Event()
 
@@ -101,6 +102,7 @@ class _Follower:
         with trio.CancelScope() as self._scope:
             task_status.started()
             async with client.follow_events(from_=self.cursor, max_backoff_s=0.2) as events:
+                self._events = events
                 try:
                     async for item in events:
                         if isinstance(item, JournalRecord):
@@ -111,8 +113,14 @@ class _Follower:
                         self._changed = trio.Event()
                 finally:
                     self.cursor = events.cursor
-                    self.duplicates += events.stats.duplicates
-                    self.connects += events.stats.connects
+                    self._duplicates += events.stats.duplicates
+                    self._events = None
+
+    def sent_twice(self) -> int:
+        """Records the runner sent this follower again (at or before its cursor) since last asked."""
+        total = self._duplicates + (self._events.stats.duplicates if self._events is not None else 0)
+        new, self._reported = total - self._reported, total
+        return new
 
     def stop(self) -> None:
         if self._scope is not None:
@@ -385,11 +393,9 @@ class KillTrials:
             if follower.odd:
                 tally.broken.append(f"{where}: {follower.name} reported {follower.odd[:3]}")
                 follower.odd.clear()
-            if follower.duplicates:
-                tally.duplicated.append(
-                    f"{where}: {follower.name} was sent {follower.duplicates} records twice"
-                )
-                follower.duplicates = 0
+            twice = follower.sent_twice()
+            if twice:
+                tally.duplicated.append(f"{where}: {follower.name} was sent {twice} records twice")
             seen = [encode(r) for r in follower.seen if r.envelope >= first]
             follower.seen = [r for r in follower.seen if r.envelope > head]
             tally.followed += len(seen)
