@@ -45,7 +45,7 @@ from ..voice.engine import (
     TurnResult,
 )
 from ..voice.listener import Listener, SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
-from ..voice.preempt import Preempted, PrefetchedReply, Speculation, early_messages
+from ..voice.preempt import Preempted, PrefetchedReply, PreSpoken, Speculation, early_messages
 from ..voice.vad import silero_models
 from ..wire import EffectiveSettings, HostMessage, Issue, WireError, decode, encode, parse_json
 from ._authoring import Agent, AppTool, Offer, Sender, call_maybe_async, check_key
@@ -655,7 +655,11 @@ class AgentRuntime:
         self._turn_app_tools = tuple(offered[name] for name in app_tools if name in offered)
         plan = self._plan(speech=speech)
         if prefetched is not None:
-            plan = attrs.evolve(plan, llm=Preempted(plan.llm, prefetched))
+            plan = attrs.evolve(
+                plan,
+                llm=Preempted(plan.llm, prefetched),
+                tts=PreSpoken(plan.tts, prefetched) if plan.tts is not None else None,
+            )
         turn = Turn(plan, self.history, self._emit, turn_id=turn_id)
         self._turn = turn
         self._turn_done = trio.Event()
@@ -838,7 +842,9 @@ class AgentRuntime:
             if isinstance(plan.llm, _Unbuildable):
                 return None
             tools = plan.tools() if plan.max_tool_rounds > 0 else ()
-            return PrefetchedReply(plan.llm, early_messages(plan.instructions(), self.history, text), tools)
+            return PrefetchedReply(
+                plan.llm, early_messages(plan.instructions(), self.history, text), tools, tts=plan.tts
+            )
 
         recognizer = self._providers.stt(self.current()[2])
 

@@ -7,7 +7,9 @@ livekit-agents calls preemptive generation) while the end-of-turn silence is sti
 If the caller goes on, both are cancelled and nothing of them is said, journaled or kept.
 If the turn ends, the turn's model (:class:`Preempted`) replays what the request has
 streamed so far and follows it live; a turn whose messages differ from the ones the request
-was made with (the history moved meanwhile) asks the model afresh.
+was made with (the history moved meanwhile) asks the model afresh. The reply's first
+sentence is synthesized early too, as soon as the request has written it: the turn's voice
+(:class:`PreSpoken`) replays that audio when the turn says exactly that sentence.
 """
 
 from __future__ import annotations
@@ -17,11 +19,57 @@ from contextlib import aclosing
 
 import trio
 
-from ..providers import LLM, ChatMessage, LLMEvent, ProviderError, TextDelta, ToolSpec
+from ..providers import LLM, TTS, ChatMessage, LLMEvent, ProviderError, TextDelta, ToolSpec
 from ..telemetry import mark
+from .chunker import SentenceChunker
 from .listener import Utterance
 
-__all__ = ["Preempted", "PrefetchedReply", "Speculation", "early_messages"]
+__all__ = ["PreSpoken", "Preempted", "PrefetchedReply", "Speculation", "early_messages"]
+
+
+class EarlySpeech:
+    """The audio of a reply's first sentence, synthesized before the turn asked for it."""
+
+    def __init__(self, tts: TTS, text: str) -> None:
+        self.tts = tts
+        self.text = text
+        self._pcm: list[bytes] = []
+        self._error: ProviderError | None = None
+        self._finished = False
+        self._changed = trio.Event()
+        self.taken = False
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def run(self) -> None:
+        try:
+            async with aclosing(self.tts.synthesize(self.text)) as audio:  # type: ignore[type-var]  # the TTS Protocol promises an AsyncIterator; every provider's synthesize is an async generator, which aclosing needs
+                async for pcm in audio:
+                    if not self._pcm:
+                        mark("tts_first_audio_early")
+                    self._pcm.append(pcm)
+                    self._wake()
+        except ProviderError as exc:
+            self._error = exc
+        finally:
+            self._finished = True
+            self._wake()
+
+    async def replay(self) -> AsyncIterator[bytes]:
+        """The audio so far, then the rest as it comes."""
+        self.taken = True
+        sent = 0
+        while True:
+            while sent < len(self._pcm):
+                sent += 1
+                yield self._pcm[sent - 1]
+            if self._finished:
+                if self._error is not None:
+                    raise self._error
+                return
+            await self._changed.wait()
 
 
 class PrefetchedReply:
@@ -30,10 +78,15 @@ class PrefetchedReply:
     Run :meth:`run` in a nursery; :meth:`cancel` closes the request.
     """
 
-    def __init__(self, llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> None:
+    def __init__(
+        self, llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], tts: TTS | None = None
+    ) -> None:
         self.llm = llm
         self.messages = tuple(messages)
         self.tools = tuple(tools)
+        self.tts = tts
+        #: The first sentence's audio, once the request has written that sentence (with ``tts``).
+        self.speech: EarlySpeech | None = None
         self._events: list[LLMEvent] = []
         self._error: ProviderError | None = None
         self._finished = False
@@ -61,22 +114,40 @@ class PrefetchedReply:
         self._changed = trio.Event()
 
     async def run(self) -> None:
-        """Stream the reply into memory until it ends, fails or is cancelled."""
+        """Stream the reply into memory until it ends, fails or is cancelled; and synthesize
+        its first sentence (as the turn engine would cut it) as soon as it is written."""
         mark("model_asked_early")
+        chunker = SentenceChunker() if self.tts is not None else None
         written = False
         with self._scope:
-            try:
-                async with aclosing(self.llm.stream(self.messages, self.tools)) as events:  # type: ignore[type-var]  # the LLM Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
-                    async for event in events:
-                        if isinstance(event, TextDelta) and not written:
-                            written = True
-                            mark("model_first_text_early")
-                        self._events.append(event)
-                        self._wake()
-            except ProviderError as exc:
-                self._error = exc
+            async with trio.open_nursery() as nursery:
+                try:
+                    async with aclosing(self.llm.stream(self.messages, self.tools)) as events:  # type: ignore[type-var]  # the LLM Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
+                        async for event in events:
+                            if isinstance(event, TextDelta):
+                                if not written:
+                                    written = True
+                                    mark("model_first_text_early")
+                                if chunker is not None:
+                                    self._speak_early(chunker.feed(event.text), nursery)
+                            elif chunker is not None:
+                                # A tool call or the usage: the round's words are all written.
+                                self._speak_early(chunker.flush(), nursery)
+                            self._events.append(event)
+                            self._wake()
+                    if chunker is not None:
+                        self._speak_early(chunker.flush(), nursery)
+                except ProviderError as exc:
+                    self._error = exc
+                self._finished = True
+                self._wake()
         self._finished = True
         self._wake()
+
+    def _speak_early(self, pieces: list[str], nursery: trio.Nursery) -> None:
+        if self.speech is None and pieces and self.tts is not None:
+            self.speech = EarlySpeech(self.tts, pieces[0])
+            nursery.start_soon(self.speech.run)
 
     async def replay(self) -> AsyncIterator[LLMEvent]:
         """What the request streamed so far, then the rest as it comes."""
@@ -118,6 +189,33 @@ class Preempted:
         if not prefetched.taken:
             prefetched.cancel()
         return self._llm.stream(messages, tools)
+
+
+class PreSpoken:
+    """The turn's voice: the early audio for the sentence it was made for, else ``tts``."""
+
+    def __init__(self, tts: TTS, prefetched: PrefetchedReply) -> None:
+        self.provider = tts.provider
+        self.voice = tts.voice
+        self.sample_rate_hz = tts.sample_rate_hz
+        self._tts = tts
+        self._prefetched = prefetched
+
+    def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        prefetched = self._prefetched
+        speech = prefetched.speech
+        # Only the turn that took the early reply says its early audio (a turn that asked
+        # afresh cancelled it, and the audio may be cut short).
+        if (
+            speech is not None
+            and prefetched.taken
+            and not prefetched.cancelled
+            and not speech.taken
+            and speech.tts is self._tts
+            and speech.text == text
+        ):
+            return speech.replay()
+        return self._tts.synthesize(text)
 
 
 class Speculation:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import enum
 import json
+import logging
 import math
 import socket
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import attrs
+import numpy as np
 import pytest
 import trio
 
@@ -27,6 +29,7 @@ from runner.agent._runtime import AgentRuntime, choose_experiments
 from runner.calls import KEEP_JSON_BYTES, CallContext, CallRecord
 from runner.errors import InvalidSettings
 from runner.providers.espeak import EspeakTTS
+from runner.providers.hibari import HibariTTS
 from runner.providers.pocketsphinx import PocketsphinxSTT
 from runner.transports import ClientRefusal
 from runner.transports.loopback import LoopbackCaller, LoopbackSession
@@ -313,6 +316,46 @@ async def test_the_model_is_asked_at_the_pause_before_the_turn_ends(
     user, assistant = await turns(journal)
     assert (user["role"], user["text"], user["spoken"]) == ("user", result.heard, True)
     assert (assistant["role"], assistant["text"]) == ("assistant", "Nice to meet you, John.")
+
+
+@pytest.mark.slow
+async def test_the_first_sentence_is_synthesized_before_the_turn_ends_and_said_whole(
+    journal: Journal, fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="runner.voice.timeline")
+    fake.enqueue(text_reply("Nice to meet you, ", "John. ", "How can I help?"))
+    said = await speech("Thank you very much, my name is John.")
+    agent = Agent(
+        "early-voice",
+        instructions="You greet people.",
+        llm=remote_llm(fake),
+        stt=STT(provider="whisper"),
+        tts=TTS(provider="hibari", voice="heart"),
+        end_of_turn_silence_ms=1500,
+    )
+    async with open_call(agent, journal) as call:
+        send_pcm(call.caller, silence(0.5) + said + silence(1.0))  # a pause, not yet the end
+        with trio.fail_after(30):
+            while not any(r.getMessage().startswith("tts_first_audio_early") for r in caplog.records):
+                await trio.sleep(0.05)
+        assert call.events == []  # its audio is there, and no turn has started
+        send_pcm(call.caller, silence(1.0))
+        result = await call.next_result(seconds=30)
+        spoken = b"".join(a for a in call.audio() if a is not None)
+
+    assert (result.text, result.interrupted, result.chunks_spoken) == (
+        "Nice to meet you, John. How can I help?",
+        False,
+        2,
+    )
+    # What the caller heard is both sentences whole: the early audio of the first, then the
+    # second (hibari's samples differ a little from one rendering to the next, not its length).
+    voice = HibariTTS("heart")
+    texts = ("Nice to meet you, John.", "How can I help?")
+    expected = np.frombuffer(b"".join([c for t in texts async for c in voice.synthesize(t)]), "<i2")
+    heard = np.frombuffer(spoken, "<i2")
+    assert heard.size == expected.size
+    assert np.corrcoef(heard.astype(float), expected.astype(float))[0, 1] > 0.99
 
 
 @pytest.mark.slow
