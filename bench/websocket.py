@@ -1,21 +1,30 @@
 """Agent WebSocket benchmark: what the socket adds to a typed turn's first text and first audio.
 
-    python -m bench.websocket [--quick]
+    python -m bench.websocket [--quick] [--levels 1,10,50]
 
 A typed turn (``user_message``) to an offline agent (the deterministic local model and
-espeak-ng, the same reply every time) is timed from the moment the client sends it:
+espeak-ng, the same reply every time) is timed from the moment it is asked for:
 
 * first ``text.delta``: the first piece of the reply, as the model writes it;
 * first audio byte: the first binary frame of the first audio window.
 
-Through the socket, a real ``runner serve`` process (its own process, as deployed) is
-driven by trio-websocket clients in this process: 1 socket taking turns one after another,
-then 50 sockets (50 conversations of 50 people) taking turns at the same time. In process,
-the same turns run through :class:`~runner.agent._runtime.AgentRuntime` directly (no
-socket, no frames, no HTTP, one process), 1 and then 50 at the same time, and the first
-``ReplyDelta`` and ``AudioData`` are timed from the call of ``take_turn``. The ratio of the
-two p50s is the socket's own overhead. The machine's other load is recorded beside the
-figures (``cpu``): they are trustworthy only when ``others_cores`` is near zero.
+At each level (1, 10, 50, 100, 200 and 500 sockets; ``--quick``: 1, 10 and 50) the same
+number of conversations take turns at the same time, each one after another, three ways:
+
+* **socket**: a real ``runner serve`` process (its own process, as deployed), driven by
+  trio-websocket clients in one or more processes of their own (``bench._ws_clients``), so
+  at 500 sockets the bench's own client is not what is measured;
+* **platform**: the same runner path in this process minus the socket: a real Runner,
+  journal, agent store and :class:`~runner.platform.Platform` (calls started and journaled,
+  messages stored, usage charged) with a participant that takes the conversation's events
+  where a socket would turn them into frames. socket / platform is the socket's own cost
+  (frames, the send path, HTTP, the kernel, another process);
+* **in-process**: :class:`~runner.agent._runtime.AgentRuntime.take_turn` alone (no platform,
+  no store, no journal): the issue's original baseline. socket / in-process is the whole
+  overhead; platform / in-process is the platform's.
+
+The three run one after another at each level, so their ratios are of the same minutes of
+this shared machine; its load average is recorded beside each phase.
 
 Results go to ``bench/results/websocket-<UTC>.json`` and ``websocket-latest.json``.
 """
@@ -24,20 +33,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 import trio
-from trio_websocket import open_websocket_url
 
 from runner.agent import LLM, TTS, Agent
 
@@ -74,18 +83,18 @@ AGENT = Agent(
 @attrs.frozen(kw_only=True)
 class Profile:
     name: str
-    sequential_turns: int
-    concurrent_sockets: int
-    concurrent_turns_each: int
+    levels: tuple[int, ...]
+    sequential_turns: int  # at 1 socket
+    turns_each: int  # at more
     seconds_per_phase: float
+    sockets_per_client_process: int = 125
 
 
-QUICK = Profile(
-    name="quick", sequential_turns=30, concurrent_sockets=50, concurrent_turns_each=3, seconds_per_phase=60
-)
+QUICK = Profile(name="quick", levels=(1, 10, 50), sequential_turns=20, turns_each=3, seconds_per_phase=40)
 FULL = Profile(
-    name="full", sequential_turns=300, concurrent_sockets=50, concurrent_turns_each=12, seconds_per_phase=300
+    name="full", levels=(1, 10, 50, 100, 200, 500), sequential_turns=100, turns_each=6, seconds_per_phase=90
 )
+PHASES = ("socket", "platform", "in_process")
 
 
 @attrs.define
@@ -122,6 +131,10 @@ def _summary(samples: list[Sample]) -> dict[str, Any]:
         ),
         "turn_ms": summarize([s.total_s for s in samples if s.total_s is not None], scale=1000),
     }
+
+
+def _turns_at(profile: Profile, sockets: int) -> int:
+    return profile.sequential_turns if sockets == 1 else profile.turns_each
 
 
 # -- Through the socket -----------------------------------------------------------------------
@@ -180,95 +193,206 @@ class RunnerProcess:
             self.process.stderr.close()
 
 
-async def _conversation(client: httpx.AsyncClient, person: str) -> tuple[str, str]:
-    minted = await client.post(
-        "/v1/ephemeral-keys", json={"end_user_id": person}, headers={"Authorization": f"Bearer {API_KEY}"}
-    )
-    token = minted.json()["token"]
-    session = await client.post("/v1/agent/sessions", json={}, headers={"Authorization": f"Bearer {token}"})
-    return token, session.json()["session_id"]
-
-
-async def _socket_turns(
-    public: str, token: str, session_id: str, turns: int, deadline: float, out: list[Sample]
-) -> None:
-    url = f"ws://{public}/v1/agent/stream?session_id={session_id}"
-    async with open_websocket_url(url, subprotocols=["ino.v2"], max_message_size=4 << 20) as ws:
-        stream = ws._stream
-        await ws.send_message(json.dumps({"type": "auth", "key": token, "session_id": session_id}))
-        ready = json.loads(await ws.get_message())
-        assert ready["type"] == "ready", ready
-        for _ in range(turns):
-            if time.perf_counter() > deadline:
-                break
-            sample = Sample()
-            began = time.perf_counter()
-            await ws.send_message(json.dumps({"type": "user_message", "text": QUESTION}))
-            while True:
-                message = await ws.get_message()
-                now = time.perf_counter() - began
-                if isinstance(message, bytes):
-                    if sample.first_audio_s is None:
-                        sample.first_audio_s = now
-                    continue
-                kind = json.loads(message)["type"]
-                if kind == "text.delta" and sample.first_text_s is None:
-                    sample.first_text_s = now
-                elif kind in ("turn.done", "interrupted"):
-                    sample.total_s = now
-                    break
-                elif kind == "error":
-                    raise RuntimeError(message)
-            out.append(sample)
-    await stream.aclose()  # trio-websocket leaves it open when the server closed first
-
-
-async def measure_socket(profile: Profile, data_dir: Path) -> dict[str, Any]:
-    runner = RunnerProcess(
-        data_dir / f"bench-ws-{os.getpid()}.db", max_sessions=profile.concurrent_sockets + 5
-    )
-    try:
-        async with httpx.AsyncClient(base_url=f"http://{runner.public}", timeout=30) as client:
-            people = [
-                await _conversation(client, f"bench-{i}") for i in range(profile.concurrent_sockets + 1)
-            ]
-        results: dict[str, Any] = {}
-        # Warm up: the first turns pay for imports and espeak's first voice load.
-        await _socket_turns(runner.public, *people[-1], 3, time.perf_counter() + 60, [])
-        pid = runner.process.pid
-        one: list[Sample] = []
-        start, runner_start = cpu_sample(), _process_cpu_s(pid)
-        await _socket_turns(
-            runner.public,
-            *people[0],
-            profile.sequential_turns,
-            time.perf_counter() + profile.seconds_per_phase,
-            one,
+async def _clients(
+    public: str, sockets: int, turns: int, seconds: float, prefix: str, per_process: int
+) -> tuple[list[Sample], int]:
+    """Run ``sockets`` sockets' turns from client processes started together: the samples, and how many."""
+    count = math.ceil(sockets / per_process)
+    shares = [sockets // count + (1 if i < sockets % count else 0) for i in range(count)]
+    processes = [
+        await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-m",
+                "bench._ws_clients",
+                json.dumps(
+                    {
+                        "public": public,
+                        "api_key": API_KEY,
+                        "sockets": share,
+                        "turns": turns,
+                        "seconds": seconds,
+                        "prefix": f"{prefix}-{i}",
+                    }
+                ),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
-        cpu = _with_runner(cpu_report(start, cpu_sample()), _process_cpu_s(pid) - runner_start)
-        results["one"] = {**_summary(one), "cpu": cpu}
-        many: list[Sample] = []
-        start, runner_start = cpu_sample(), _process_cpu_s(pid)
-        deadline = time.perf_counter() + profile.seconds_per_phase
-        async with trio.open_nursery() as nursery:
-            for token, session_id in people[: profile.concurrent_sockets]:
-                nursery.start_soon(
-                    _socket_turns,
-                    runner.public,
-                    token,
-                    session_id,
-                    profile.concurrent_turns_each,
-                    deadline,
-                    many,
-                )
-        cpu = _with_runner(cpu_report(start, cpu_sample()), _process_cpu_s(pid) - runner_start)
-        results["many"] = {**_summary(many), "sockets": profile.concurrent_sockets, "cpu": cpu}
-        return results
+        for i, share in enumerate(shares)
+    ]
+    outputs: list[bytes] = [b""] * count
+
+    async def read(i: int, process: trio.Process) -> None:
+        assert process.stdout is not None
+        async for chunk in process.stdout:
+            outputs[i] += chunk
+
+    try:
+        with trio.fail_after(seconds + 300):
+            async with trio.open_nursery() as nursery:
+                for i, process in enumerate(processes):
+                    nursery.start_soon(read, i, process)
+                while not all(b"ready\n" in out for out in outputs):
+                    if any(p.poll() is not None for p in processes):
+                        raise RuntimeError("a client process ended before its sockets were ready")
+                    await trio.sleep(0.05)
+                for process in processes:
+                    assert process.stdin is not None
+                    await process.stdin.send_all(b"go\n")
+                for process in processes:
+                    await process.wait()
     finally:
-        runner.stop()
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    samples: list[Sample] = []
+    for out in outputs:
+        line = out.split(b"ready\n", 1)[1].strip().splitlines()[-1]
+        samples += [Sample(*row) for row in json.loads(line)["samples"]]
+    return samples, count
 
 
-# -- In process -------------------------------------------------------------------------------
+async def measure_socket_level(runner: RunnerProcess, profile: Profile, sockets: int) -> dict[str, Any]:
+    turns = _turns_at(profile, sockets)
+    pid = runner.process.pid
+    start, runner_start = cpu_sample(), _process_cpu_s(pid)
+    children_start = os.times()
+    samples, processes = await _clients(
+        runner.public,
+        sockets,
+        turns,
+        profile.seconds_per_phase,
+        f"bench-{sockets}-{time.monotonic_ns()}",
+        profile.sockets_per_client_process,
+    )
+    cpu = _with_runner(cpu_report(start, cpu_sample()), _process_cpu_s(pid) - runner_start)
+    children = os.times()
+    client_cpu_s = (children.children_user + children.children_system) - (
+        children_start.children_user + children_start.children_system
+    )
+    cpu["client_cores"] = client_cpu_s / cpu["seconds"] if cpu.get("seconds") else None
+    return {
+        **_summary(samples),
+        "sockets": sockets,
+        "client_processes": processes,
+        "cpu": cpu,
+    }
+
+
+# -- The platform in this process, minus the socket -------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Participant:
+    """Where a socket would stand in a conversation: it takes the events, times them, sends nothing."""
+
+    end_user_id: str
+    token_id: str
+    app_tools: tuple[str, ...] = ()
+    call: Any = None
+    sample: Sample | None = None
+    began: float = 0.0
+    closed: trio.Event = attrs.Factory(trio.Event)
+
+    def deliver(self, event: Any) -> None:
+        from runner.platform._events import TurnClosed
+        from runner.voice.engine import AudioData, ReplyDelta
+
+        sample = self.sample
+        if sample is None:
+            return
+        if isinstance(event, ReplyDelta) and sample.first_text_s is None:
+            sample.first_text_s = time.perf_counter() - self.began
+        elif isinstance(event, AudioData) and sample.first_audio_s is None:
+            sample.first_audio_s = time.perf_counter() - self.began
+        elif isinstance(event, TurnClosed):
+            sample.total_s = time.perf_counter() - self.began
+            self.closed.set()
+
+    def turn_over(self) -> None:
+        pass
+
+    def close_nowait(self, code: int, reason: str | None = None) -> None:
+        pass
+
+
+async def _platform_turns(person: _Participant, turns: int, deadline: float, out: list[Sample]) -> None:
+    from runner.platform import TurnRequest
+
+    conversation = person.call.conversation
+    for _ in range(turns):
+        if time.perf_counter() > deadline:
+            break
+        person.sample, person.closed = Sample(), trio.Event()
+        person.began = time.perf_counter()
+        if conversation.request_turn(person, TurnRequest(text=QUESTION)) != "started":
+            raise RuntimeError("the platform refused a turn")
+        with trio.fail_after(60):
+            await person.closed.wait()
+        out.append(person.sample)
+
+
+@asynccontextmanager
+async def open_platform(profile: Profile, data_dir: Path) -> AsyncIterator[Any]:
+    """A Runner, its journal and the Platform in this process; yields ``level(sockets, turns)``."""
+    from journal import open_agent_store, open_journal
+    from runner.agent._runtime import choose_experiments, conversation_factory
+    from runner.calls import Runner
+    from runner.config import Config
+    from runner.transports.websocket import AgentSocketService, AgentSocketSetup, WebSocketTransport
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-ws-platform-", dir=data_dir))
+    config = Config(
+        journal_path=directory / "journal.db", max_sessions=max(profile.levels) + 5, drain_grace_ms=0
+    )
+    async with open_journal(config.journal_path) as journal, open_agent_store(journal.path) as store:
+        transport = WebSocketTransport()
+        runner = Runner(
+            config,
+            journal,
+            transports=[transport],
+            conversation_factory=conversation_factory(AGENT, host_connected=True),
+            experiment_chooser=lambda start: choose_experiments(
+                AGENT, start.session_id, start.client_context or {}, start.experiments
+            ),
+        )
+        service = AgentSocketService(runner, transport, store, AgentSocketSetup(agent=AGENT, api_key=None))
+        made = 0
+
+        async def person() -> _Participant:
+            nonlocal made
+            made += 1
+            name = f"platform-{made}"
+            minted = await service.platform.mint_key(end_user_id=name, ttl_seconds=86_400, credit_limit=None)
+            row = await service.platform.create_conversation(minted.row)
+            participant = _Participant(end_user_id=name, token_id=minted.row.token_id)
+            await service.attach(participant, row)
+            return participant
+
+        async def level(sockets: int, turns: int) -> list[Sample]:
+            people = [await person() for _ in range(sockets)]
+            samples: list[Sample] = []
+            deadline = time.perf_counter() + profile.seconds_per_phase
+            async with trio.open_nursery() as turning:
+                for p in people:
+                    turning.start_soon(_platform_turns, p, turns, deadline, samples)
+            with trio.fail_after(60):
+                for p in people:
+                    await p.call.detach(p)
+            return samples
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(runner.serve)
+            await nursery.start(service.serve)
+            await level(1, 3)  # warm up
+            try:
+                yield level
+            finally:
+                runner.drain_nowait("bench_done")
+
+
+# -- In process: the runtime alone ------------------------------------------------------------
 
 
 async def _runtime_turns(index: int, turns: int, deadline: float, out: list[Sample]) -> None:
@@ -312,74 +436,131 @@ async def _runtime_turns(index: int, turns: int, deadline: float, out: list[Samp
         nursery.cancel_scope.cancel()
 
 
-async def measure_in_process(profile: Profile) -> dict[str, Any]:
-    await _runtime_turns(-1, 3, time.perf_counter() + 60, [])  # warm up
-    one: list[Sample] = []
-    start = cpu_sample()
-    await _runtime_turns(0, profile.sequential_turns, time.perf_counter() + profile.seconds_per_phase, one)
-    results: dict[str, Any] = {"one": {**_summary(one), "cpu": cpu_report(start, cpu_sample())}}
-    many: list[Sample] = []
+async def measure_in_process_level(profile: Profile, sockets: int) -> dict[str, Any]:
+    samples: list[Sample] = []
     start = cpu_sample()
     deadline = time.perf_counter() + profile.seconds_per_phase
     async with trio.open_nursery() as nursery:
-        for index in range(profile.concurrent_sockets):
-            nursery.start_soon(_runtime_turns, index, profile.concurrent_turns_each, deadline, many)
-    results["many"] = {
-        **_summary(many),
-        "runtimes": profile.concurrent_sockets,
-        "cpu": cpu_report(start, cpu_sample()),
-    }
-    return results
+        for index in range(sockets):
+            nursery.start_soon(_runtime_turns, index, _turns_at(profile, sockets), deadline, samples)
+    return {**_summary(samples), "sockets": sockets, "cpu": cpu_report(start, cpu_sample())}
+
+
+# -- All levels, the three ways in turn -------------------------------------------------------
+
+
+async def measure(profile: Profile, data_dir: Path) -> list[dict[str, Any]]:
+    runner = RunnerProcess(data_dir / f"bench-ws-{os.getpid()}.db", max_sessions=max(profile.levels) + 5)
+    levels: list[dict[str, Any]] = []
+    try:
+        # Warm up: the first turns pay for imports and espeak's first voice load.
+        await _clients(runner.public, 1, 3, 60, f"warm-{os.getpid()}", 1)
+        await _runtime_turns(-1, 3, time.perf_counter() + 60, [])
+        async with open_platform(profile, data_dir) as platform_level:
+            for sockets in profile.levels:
+                say(f"  {sockets} socket(s): socket (load {os.getloadavg()[0]:.1f})")
+                socket = await measure_socket_level(runner, profile, sockets)
+                say(f"  {sockets} socket(s): platform (load {os.getloadavg()[0]:.1f})")
+                start = cpu_sample()
+                samples = await platform_level(sockets, _turns_at(profile, sockets))
+                platform = {**_summary(samples), "sockets": sockets, "cpu": cpu_report(start, cpu_sample())}
+                say(f"  {sockets} socket(s): in-process (load {os.getloadavg()[0]:.1f})")
+                local = await measure_in_process_level(profile, sockets)
+                levels.append(
+                    {"sockets": sockets, "socket": socket, "platform": platform, "in_process": local}
+                )
+    finally:
+        runner.stop()
+    return levels
 
 
 # -- Report -----------------------------------------------------------------------------------
 
+METRICS = (("first_text_delta_ms", "text"), ("first_audio_byte_ms", "audio"))
+# The issue's goal at 50 sockets: socket / in-process p50.
+GOALS = {"first_text_delta_ms": 3.0, "first_audio_byte_ms": 1.3}
+BEFORE = {
+    "first_text_delta_ms": "15 / 0.23 ms at 50 sockets (66x)",
+    "first_audio_byte_ms": "316 / 193 ms at 50 sockets (1.6x)",
+}
 
-def _p(got: dict[str, Any], key: str, q: str) -> float | None:
-    value = got[key].get(q)
-    return float(value) if value is not None else None
+
+def _ratios(level: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for metric, _ in METRICS:
+        s, p, i = (level[phase][metric].get("p50") for phase in PHASES)
+        out[metric] = {
+            "socket_over_in_process": ratio(s, i),
+            "socket_over_platform": ratio(s, p),
+            "platform_over_in_process": ratio(p, i),
+        }
+    return out
 
 
-def _table(socket: dict[str, Any], local: dict[str, Any]) -> tuple[list[list[str]], dict[str, Any]]:
-    rows: list[list[str]] = []
-    ratios: dict[str, Any] = {}
-    for level, label in (("one", "1 socket"), ("many", "50 sockets")):
-        for metric, name in (
-            ("first_text_delta_ms", "first text.delta"),
-            ("first_audio_byte_ms", "first audio byte"),
-        ):
-            s, here = socket[level][metric], local[level][metric]
-            r50 = ratio(s.get("p50", 0.0), here.get("p50", 0.0))
-            ratios[f"{level}.{metric}.p50"] = r50
-            rows.append(
-                [
-                    f"{name}, {label}",
-                    f"{fmt(s.get('p50'))} / {fmt(s.get('p99'))} ms",
-                    f"{fmt(here.get('p50'))} / {fmt(here.get('p99'))} ms",
-                    fmt(r50) + "x" if r50 else "-",
-                    f"{s.get('n', 0)} / {here.get('n', 0)}",
-                ]
-            )
-    return rows, ratios
+def _table(levels: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for level in levels:
+        for metric, name in METRICS:
+            r = level["ratios"][metric]
+            cells = [f"{name}, {level['sockets']}"]
+            for phase in PHASES:
+                got = level[phase][metric]
+                cells.append(f"{fmt(got.get('p50'))} / {fmt(got.get('p99'))}")
+            cells += [
+                fmt(r["socket_over_in_process"]) + "x",
+                fmt(r["socket_over_platform"]) + "x",
+                fmt(r["platform_over_in_process"]) + "x",
+                f"{level['socket'][metric].get('n', 0)}",
+                "{:.1f}".format(level["socket"]["cpu"]["load_average"][0]),
+            ]
+            rows.append(cells)
+    return rows
+
+
+HEADERS = (
+    "first ..., sockets",
+    "socket p50 / p99 ms",
+    "platform p50 / p99",
+    "in-process p50 / p99",
+    "sock/in-proc",
+    "sock/platform",
+    "platform/in-proc",
+    "turns",
+    "load",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.websocket", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the short profile (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="1, 10 and 50 sockets, fewer turns")
+    parser.add_argument("--levels", help="comma-separated socket counts instead of the profile's")
     parser.add_argument(
-        "--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the runner's journal goes"
+        "--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the journals go"
     )
     args = parser.parse_args(argv)
     freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
+    if args.levels:
+        profile = attrs.evolve(profile, levels=tuple(int(n) for n in args.levels.split(",")))
     command = "python -m bench.websocket" + (" --quick" if args.quick else "")
+    command += f" --levels {args.levels}" if args.levels else ""
     machine = machine_info(args.data_dir)
     say(f"{command}: {machine['cores']} cores, Python {machine['python']}")
     began = time.perf_counter()
-    socket = trio.run(measure_socket, profile, args.data_dir)
-    local = trio.run(measure_in_process, profile)
+    levels = trio.run(measure, profile, args.data_dir)
     elapsed = time.perf_counter() - began
-    rows, ratios = _table(socket, local)
+    for level in levels:
+        level["ratios"] = _ratios(level)
+    rows = _table(levels)
+    at_50 = next((lv for lv in levels if lv["sockets"] == 50), None)
+    goals = {
+        metric: {
+            "before": BEFORE[metric],
+            "goal_socket_over_in_process": GOALS[metric],
+            "now": at_50["ratios"][metric] if at_50 else None,
+        }
+        for metric, _ in METRICS
+    }
     results = {
         "benchmark": "websocket",
         "profile": profile.name,
@@ -390,30 +571,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         "parameters": attrs.asdict(profile),
         "turn": {"text": QUESTION, "agent": "local model + espeak-ng en-us+f2, one sentence reply"},
         "notes": (
-            "socket: a runner serve process, trio-websocket clients in the bench process, times from sending"
-            " user_message to receiving the frame; in_process: AgentRuntime.take_turn in the bench process, times"
-            " to the engine's first ReplyDelta / AudioData; ratio = socket p50 / in-process p50"
+            "socket: a runner serve process, trio-websocket clients in separate processes, times from sending"
+            " user_message to receiving the frame; platform: Runner + journal + Platform in the bench"
+            " process, a participant in place of the socket, times from request_turn to the event;"
+            " in_process: AgentRuntime.take_turn alone, times to the engine's first ReplyDelta / AudioData"
         ),
-        "socket": socket,
-        "in_process": local,
-        "overhead_ratio": ratios,
-        "table": [
-            dict(
-                zip(
-                    ("figure", "socket p50 / p99", "in process p50 / p99", "ratio p50", "turns"),
-                    row,
-                    strict=True,
-                )
-            )
-            for row in rows
-        ],
+        "levels": levels,
+        "goals": goals,
+        "table": [dict(zip(HEADERS, row, strict=True)) for row in rows],
     }
     path = write_results("websocket", results)
     print()
     print(
         f"{command} ({profile.name}, {elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']})"
     )
-    print_table(("figure", "socket p50 / p99", "in process p50 / p99", "ratio p50", "turns"), rows)
+    print_table(HEADERS, rows)
+    for metric, name in METRICS:
+        now = goals[metric]["now"]
+        got = fmt(now["socket_over_in_process"]) + "x" if now else "-"
+        print(
+            f"goal, first {name} at 50 sockets: socket / in-process at most {GOALS[metric]}x;"
+            f" before {BEFORE[metric]}; now {got}"
+        )
     print(f"results: {path}")
     return 0
 
