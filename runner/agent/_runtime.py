@@ -270,6 +270,9 @@ class AgentRuntime:
         self._sent.set()
         self._outbox_send, self._outbox = trio.open_memory_channel[Callable[[], Awaitable[None]]](math.inf)
         self._listeners: list[Callable[[TurnEvent], Awaitable[None]]] = []
+        # The journal write a turn did not wait for (its person's words): later writes follow it.
+        self._deferred: _Deferred | None = None
+        self._nursery: trio.Nursery | None = None
         self._audio_rate_hz = 0
         self._publishing_first = False  # a turn's first audio is on its way (for its timeline)
         self._listener: Listener | None = None
@@ -685,7 +688,9 @@ class AgentRuntime:
         entered = enter_span(span)
         try:
             if text is not None:
-                await self._write(
+                # Not waited for: the model starts while the journal commits (a commit is
+                # an fsync); every later write of this call waits for it, so order holds.
+                await self._write_soon(
                     "conversation",
                     {
                         "type": "turn",
@@ -767,6 +772,7 @@ class AgentRuntime:
         )
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._serve_outbox)
                 nursery.start_soon(self._serve_turns)
                 if self._listener is not None:
@@ -779,6 +785,7 @@ class AgentRuntime:
                 async for event in events:
                     await self._on_event(event, nursery)
         finally:
+            self._nursery = None
             self._accepting = False
             self._release_asks()
             if self._listener is not None:
@@ -1139,11 +1146,53 @@ class AgentRuntime:
 
     async def _write(self, cls: str, body: dict[str, Any]) -> None:
         if self.record is not None:
+            await self._after_deferred()
             await self.record.write(cls, body)
 
     async def _event(self, name: str, payload: Mapping[str, Any]) -> None:
         if self.record is not None:
+            await self._after_deferred()
             await self.record.event(name, payload)
+
+    async def _write_soon(self, cls: str, body: dict[str, Any]) -> None:
+        """Journal a record without waiting for its commit (outside ``run``: waiting).
+
+        The next write waits for it and fails with its error, so the call's records keep
+        their order and a failed write is not passed over.
+        """
+        if self.record is None or self._nursery is None:
+            await self._write(cls, body)
+            return
+        record, before = self.record, self._deferred
+        deferred = self._deferred = _Deferred()
+
+        async def write() -> None:
+            # Shielded: the person's words are journaled even when the call ends meanwhile
+            # (the journal bounds an append: it commits, fails, or is closed).
+            with trio.CancelScope(shield=True):
+                try:
+                    if before is not None:
+                        await before.done.wait()
+                    await record.write(cls, body)
+                except Exception as exc:  # noqa: BLE001 - kept for the next write, which raises it
+                    log.error("call %s: a %s record was not journaled: %r", self.call.session_id, cls, exc)
+                    deferred.error = exc
+                finally:
+                    deferred.done.set()
+
+        self._nursery.start_soon(write)
+        await trio.lowlevel.checkpoint()
+
+    async def _after_deferred(self) -> None:
+        deferred = self._deferred
+        if deferred is None:
+            return
+        await deferred.done.wait()
+        if self._deferred is deferred:
+            self._deferred = None
+        error, deferred.error = deferred.error, None
+        if error is not None:
+            raise error
 
     def messages_summary(self) -> dict[str, Any]:
         """The call's ``curb.messages`` payload: what it could not deliver."""
@@ -1151,6 +1200,12 @@ class AgentRuntime:
             "undeliveredToClient": dict(self.undelivered_to_client),
             "refusedQueuedHostMessages": self.refused_queued_host_messages,
         }
+
+
+@attrs.define(eq=False)
+class _Deferred:
+    done: trio.Event = attrs.Factory(trio.Event)
+    error: Exception | None = None
 
 
 def _observe_turn(result: TurnResult, span: Any, waited_s: float) -> None:

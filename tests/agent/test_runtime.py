@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -960,3 +961,33 @@ async def test_a_skills_handler_is_live_exactly_while_the_skill_is_mounted(journ
         ("m-4", "delivered"),
         ("m-5", "no_handler"),
     ]
+
+
+# -- the person's words are journaled beside the turn, not before it ---------------------------
+
+
+async def test_a_typed_turn_starts_before_its_words_are_durable_and_the_records_keep_order(
+    journal: Journal,
+) -> None:
+    # Another connection holds the journal file's write lock: no commit can finish. The
+    # model still starts (its first words arrive), and once the lock goes, the person's
+    # words are journaled before the reply, as before.
+    agent = Agent("echo", instructions="Say hello.", llm=LLM(provider="local", model="local"))
+    blocker = sqlite3.connect(journal.path, isolation_level=None)
+    try:
+        async with open_call(agent, journal) as call, trio.open_nursery() as nursery:
+            blocker.execute("BEGIN IMMEDIATE")
+            nursery.start_soon(call.runtime.take_turn, "When is breakfast served?")
+            try:
+                await call.wait_for(lambda e: isinstance(e, ReplyDelta), seconds=3)
+            finally:
+                blocker.execute("ROLLBACK")
+            result = await call.next_result()
+    finally:
+        blocker.close()
+    kept = await turns(journal)
+    assert [(t["role"], t["text"]) for t in kept] == [
+        ("user", "When is breakfast served?"),
+        ("assistant", result.text),
+    ]
+    assert result.text
