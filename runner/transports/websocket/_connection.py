@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections import deque
 from typing import Any
 
 import attrs
@@ -31,6 +32,8 @@ from ._common import (
 from ._frames import frames_of
 
 _FLUSH_S = 15.0
+# Audio frames waiting in the outbox are joined into one binary frame up to this size.
+_JOIN_AUDIO_BYTES = 64 << 10
 
 # -- One socket ------------------------------------------------------------------------------
 
@@ -39,6 +42,58 @@ _FLUSH_S = 15.0
 class _Close:
     code: int
     reason: str
+
+
+@attrs.define(eq=False)
+class _Delta:
+    """A ``text.delta`` not written yet: the same turn's next pieces join it (one seq)."""
+
+    seq: int
+    turn: str
+    text: str
+    size: int
+
+
+_Item = str | bytearray | _Delta | _Close
+
+
+class _Outbox:
+    """What waits to be written to one socket, in order.
+
+    While a write is in flight, frames that may be joined are joined: a ``text.delta``
+    after a ``text.delta`` of the same turn, audio after audio of the same window (no JSON
+    frame between them: the window's ``audio.end`` comes between two windows). The client
+    reads the same text and the same samples, in the same order, in fewer frames.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[_Item] = deque()
+        self._ready = trio.Event()
+        self._closed = False
+
+    def last(self) -> _Item | None:
+        return self._items[-1] if self._items else None
+
+    def put(self, item: _Item) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def close(self) -> None:
+        """Nothing more comes: the writer ends once what is queued went out."""
+        self._closed = True
+        self._ready.set()
+
+    async def take(self) -> list[_Item]:
+        """All that is queued, once there is something; ``[]``: closed and empty."""
+        while not self._items and not self._closed:
+            self._ready = trio.Event()
+            await self._ready.wait()
+        items = list(self._items)
+        self._items.clear()
+        return items
 
 
 class Connection:
@@ -58,9 +113,9 @@ class Connection:
         self.closing: _Close | None = None
         self.close_after_turn: _Close | None = None
         self.last_activity = trio.current_time()
-        # Unbounded as a channel, bounded in bytes: a client that falls max_unsent_bytes
+        # Unbounded in frames, bounded in bytes: a client that falls max_unsent_bytes
         # behind is closed with 4006 ("slow down and reconnect") rather than held in memory.
-        self._out_send, self._out = trio.open_memory_channel[str | bytes | _Close](math.inf)
+        self._outbox = _Outbox()
         self._unsent = 0
         self._reading = trio.CancelScope()
         self._counted = False
@@ -71,9 +126,22 @@ class Connection:
         """Queue a JSON frame with the next seq; frames leave in the order they were queued."""
         if self.closing is not None:
             return
-        self.seq += 1
-        self._queue(w.encode_frame(frame, self.seq))
         self.last_activity = trio.current_time()
+        if isinstance(frame, w.TextDelta):
+            last = self._outbox.last()
+            if isinstance(last, _Delta) and last.turn == frame.turn:
+                last.text += frame.text
+                last.size += len(frame.text)
+                self._count(len(frame.text))
+                return
+            self.seq += 1
+            # Encoded when written: until then the turn's next pieces may join it.
+            size = len(frame.text) + 64
+            self._queue(_Delta(self.seq, frame.turn, frame.text, size), size)
+            return
+        self.seq += 1
+        data = w.encode_frame(frame, self.seq)
+        self._queue(data, len(data))
 
     def deliver(self, event: ConversationEvent) -> None:
         """Say what the conversation reports, as frames on this socket."""
@@ -89,21 +157,27 @@ class Connection:
         self.check_close_after_turn()
 
     def send_binary(self, pcm: bytes) -> None:
-        if self.closing is None and pcm:
-            self._queue(pcm)
+        if self.closing is not None or not pcm:
+            return
+        last = self._outbox.last()
+        if isinstance(last, bytearray) and len(last) + len(pcm) <= _JOIN_AUDIO_BYTES:
+            last += pcm
+            self._count(len(pcm))
+            return
+        self._queue(bytearray(pcm), len(pcm))
 
-    def _queue(self, data: str | bytes) -> None:
-        self._unsent += len(data)
+    def _queue(self, item: _Item, size: int) -> None:
+        self._outbox.put(item)
+        self._count(size)
+
+    def _count(self, size: int) -> None:
+        """Count ``size`` more bytes queued: past the limit, the client is closed with 4006."""
+        self._unsent += size
         limit = self.service.max_unsent_bytes
         if self._unsent <= limit:
-            self._out_send.send_nowait(data)
             return
         # Fallen too far behind: what it has not read is dropped, and the close goes next.
-        while True:
-            try:
-                self._out.receive_nowait()
-            except trio.WouldBlock:
-                break
+        self._outbox.clear()
         self._unsent = 0
         log.warning("an agent socket fell %d bytes behind in reading: closing it with 4006", limit)
         self.close_nowait(4006, f"the client fell {limit} bytes behind: read faster, then reconnect")
@@ -114,7 +188,7 @@ class Connection:
             return
         close = CloseSocket(code, reason)
         self.closing = _Close(close.code, close.reason)
-        self._out_send.send_nowait(self.closing)
+        self._outbox.put(self.closing)
         self._reading.cancel()
 
     def close_when_idle(self, code: int, reason: str) -> None:
@@ -136,18 +210,32 @@ class Connection:
         return call.conversation.holds_turn_of(self) or self.transcribing > 0
 
     async def _write(self) -> None:
-        async for item in self._out:
+        while batch := await self._outbox.take():
+            close: _Close | None = None
             try:
-                if isinstance(item, _Close):
+                # What was queued together leaves in one write to the kernel.
+                async with self.io.corked():
+                    for item in batch:
+                        if isinstance(item, _Close):
+                            close = item
+                            break
+                        await self._send_item(item)
+                if close is not None:
                     with trio.move_on_after(_CLOSE_S):
-                        await self.io.close(item.code, item.reason)
+                        await self.io.close(close.code, close.reason)
                     return
-                await self.io.send(item)
-                self._unsent -= len(item)
             except Exception as exc:  # noqa: BLE001 - any write failure: the peer is gone; the reader learns it too
                 log.info("socket write failed: %r", exc)
                 self._reading.cancel()
                 return
+
+    async def _send_item(self, item: str | bytearray | _Delta) -> None:
+        if isinstance(item, _Delta):
+            await self.io.send(w.encode_frame(w.TextDelta(turn=item.turn, text=item.text), item.seq))
+            self._unsent -= item.size
+        else:
+            await self.io.send(item if isinstance(item, str) else bytes(item))
+            self._unsent -= len(item)
 
     # -- The connection's life -------------------------------------------------------------
 
@@ -182,7 +270,7 @@ class Connection:
                 if self.closing is None:
                     writing.cancel_scope.cancel()  # the peer left: nobody to say goodbye to
                 else:
-                    self._out_send.close()
+                    self._outbox.close()
                     # What is queued, then the close frame, may take a client that reads slowly
                     # this long to take (the listener's write deadline bounds each write too).
                     writing.cancel_scope.deadline = trio.current_time() + _FLUSH_S
@@ -209,7 +297,7 @@ class Connection:
                 continue
             if isinstance(verb, w.Ping):
                 if self.closing is None:
-                    self._queue(w.PONG)
+                    self._queue(w.PONG, len(w.PONG))
                 continue
             self.last_activity = trio.current_time()
             await self._on_verb(verb, tasks)
