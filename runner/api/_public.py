@@ -8,6 +8,7 @@ as the management API's.
 from __future__ import annotations
 
 import json
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from quart import Response, request, websocket
@@ -19,6 +20,7 @@ from ..transports.websocket import AgentSocketService
 from ..wire import parse_json
 from ._common import bearer_credential, install_error_handlers
 from ._playground import Playground, install_playground
+from ._server import corked
 
 
 class _QuartSocket:
@@ -41,6 +43,9 @@ class _QuartSocket:
 
     async def send(self, data: str | bytes) -> None:
         await self._socket.send(data)
+
+    def corked(self) -> AbstractAsyncContextManager[None]:
+        return corked()
 
     async def close(self, code: int, reason: str) -> None:
         await self._socket.close(code, reason)

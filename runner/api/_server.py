@@ -19,6 +19,12 @@ Hypercorn serves the protocol; this module adds what it leaves open (docs/operat
 
 An idle keep-alive connection, and one whose request head never completes, is closed
 after ``keep_alive_s`` by Hypercorn itself.
+
+Hypercorn writes each WebSocket frame with its own ``send_all``, so each is its own system
+call (and, on loopback, its own trip through the receiving side's stack). Inside
+:func:`corked`, a task's writes to its connection are held and go to the kernel as one
+write when the block ends; writes of other tasks to that connection meanwhile join them,
+so the bytes keep their order.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ import contextlib
 import json
 import math
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
@@ -123,6 +130,32 @@ class _Guard:
             scope.deadline = min(scope.deadline, at)
 
 
+class _Cork:
+    def __init__(self) -> None:
+        self.streams: list[_Stream] = []
+
+
+_corking: ContextVar[_Cork | None] = ContextVar("curb_corking", default=None)
+
+
+@asynccontextmanager
+async def corked() -> AsyncIterator[None]:
+    """Hold this task's writes to its connection; on exit they go to the kernel as one write.
+
+    Raises:
+        trio.BrokenResourceError: That write failed (the peer is gone, or read nothing for
+            the listener's ``send_s``).
+    """
+    cork = _Cork()
+    token = _corking.set(cork)
+    try:
+        yield
+    finally:
+        _corking.reset(token)
+        for stream in cork.streams:
+            await stream.uncork()
+
+
 class _Stream(trio.abc.HalfCloseableStream):
     """One accepted connection: its writes have a deadline, its close cannot be cancelled."""
 
@@ -130,14 +163,48 @@ class _Stream(trio.abc.HalfCloseableStream):
         self._inner = inner
         self._guard = guard
         self._held = True
+        # Corked writes wait here; the lock keeps a flush and Hypercorn's own writes apart.
+        self._corks = 0
+        self._waiting: list[bytes] = []
+        self._writing = trio.Lock()
 
     @property
     def socket(self) -> trio.socket.SocketType:
         return self._inner.socket
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        with self._guard.sending() as scope:
-            await self._inner.send_all(data)
+        cork = _corking.get()
+        if cork is not None and self not in cork.streams:
+            cork.streams.append(self)
+            self._corks += 1
+        if self._corks:
+            # Held, not written: no checkpoint (the corked block is bounded by its caller).
+            self._waiting.append(bytes(data))
+            return
+        await self._write(data)
+
+    async def uncork(self) -> None:
+        """One corked block ended: once none is left, what waits goes out as one write."""
+        self._corks -= 1
+        if self._corks:
+            return
+        await self._flush()
+
+    async def _flush(self) -> None:
+        if not self._waiting:
+            await trio.lowlevel.checkpoint()
+            return
+        data = b"".join(self._waiting)
+        self._waiting.clear()
+        # Shielded as Hypercorn shields its own writes: a write cut short would leave half
+        # a frame on the wire. The guard's deadline still bounds it.
+        with trio.CancelScope(shield=True):
+            await self._write(data)
+
+    async def _write(self, data: bytes | bytearray | memoryview) -> None:
+        async with self._writing:
+            with self._guard.sending() as scope:
+                await self._inner.send_all(data)
         if scope.cancelled_caught:
             # A write cut short leaves the stream in no known state: it is over.
             self._release()
@@ -151,6 +218,7 @@ class _Stream(trio.abc.HalfCloseableStream):
         return await self._inner.receive_some(max_bytes)
 
     async def send_eof(self) -> None:
+        await self._flush_before_close()
         # Synchronous, then a checkpoint that is never cancelled: Hypercorn calls this from
         # inside a request's task that Quart may be cancelling, and the close must happen.
         with contextlib.suppress(OSError):
@@ -158,8 +226,15 @@ class _Stream(trio.abc.HalfCloseableStream):
         await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def aclose(self) -> None:
+        await self._flush_before_close()
         self._release()
         await self._inner.aclose()  # closes the socket before its checkpoint
+
+    async def _flush_before_close(self) -> None:
+        # Written while a corked block was open (Hypercorn's own close frame): it goes first.
+        if self._waiting and self._held:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                await self._flush()
 
     def _release(self) -> None:
         if self._held:

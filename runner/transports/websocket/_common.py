@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractAsyncContextManager
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -106,6 +107,10 @@ class SocketIO(Protocol):
     async def receive(self) -> str | bytes: ...
 
     async def send(self, data: str | bytes) -> None: ...
+
+    def corked(self) -> AbstractAsyncContextManager[None]:
+        """Sends inside the block may reach the network together, as one write, when it ends."""
+        ...
 
     async def close(self, code: int, reason: str) -> None: ...
 
