@@ -57,7 +57,7 @@ async def test_frames_sent_corked_reach_the_client_in_one_segment_in_order() -> 
     async with trio.open_nursery() as nursery:
         address = await nursery.start(serve_http, _app(), listening, shutdown)
         async with open_websocket_url(f"ws://{address}/frames") as ws:
-            sock = ws._stream.socket  # type: ignore[union-attr]  # trio-websocket's stream is a SocketStream here
+            sock = ws._stream.socket  # trio-websocket's stream is a trio.SocketStream here
             segments = {}
             for how in ("one by one", "corked"):
                 before = _segments_in(sock)
