@@ -97,7 +97,13 @@ SCENARIOS = (
     Scenario(
         name="turns", what="turn engine overhead vs a bare provider loop", quick_s=3, full_s=30, limit_s=300
     ),
-    Scenario(name="websocket", what="WebSocket overhead vs in-process", quick_s=10, full_s=25, limit_s=700),
+    Scenario(
+        name="websocket",
+        what="agent sockets, 1 to 500, against the platform and the runtime in-process",
+        quick_s=60,
+        full_s=480,
+        limit_s=1500,
+    ),
     Scenario(
         name="host",
         what="runner.host: placements across 4 runners; follower catch-up vs raw httpx",

@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,9 +254,58 @@ async def _clients(
     return samples, count
 
 
+# Counted in the runner process by ``perf stat`` (software events: they need no hardware
+# counters, which this machine's virtual CPUs do not offer), where perf is installed.
+PERF_EVENTS = ("syscalls:sys_enter_sendto", "syscalls:sys_enter_futex", "context-switches")
+
+
+async def _open_perf(pid: int) -> trio.Process | None:
+    if shutil.which("perf") is None:
+        return None
+    try:
+        process = await trio.lowlevel.open_process(
+            ["perf", "stat", "-x,", "-e", ",".join(PERF_EVENTS), "-p", str(pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    except OSError:
+        return None
+    await trio.sleep(0.5)  # attached before the turns start
+    return process
+
+
+async def _close_perf(process: trio.Process | None, turns: int) -> dict[str, float] | None:
+    """Each event's count per turn, or ``None`` when perf could not count."""
+    if process is None or process.returncode is not None:
+        return None
+    process.send_signal(signal.SIGINT)
+    assert process.stderr is not None
+    text = b""
+    with trio.move_on_after(10):
+        async for chunk in process.stderr:
+            text += chunk
+    await process.wait()
+    counts: dict[str, float] = {}
+    for line in text.decode(errors="replace").splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].replace(".", "", 1).isdigit():
+            counts[fields[2].split(":")[-1].removeprefix("sys_enter_")] = float(fields[0]) / max(turns, 1)
+    return counts or None
+
+
+def _cpu_ms_per_turn(cpu_s: float, turns: int) -> float | None:
+    return cpu_s * 1000 / turns if turns else None
+
+
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 async def measure_socket_level(runner: RunnerProcess, profile: Profile, sockets: int) -> dict[str, Any]:
     turns = _turns_at(profile, sockets)
     pid = runner.process.pid
+    perf = await _open_perf(pid)
     start, runner_start = cpu_sample(), _process_cpu_s(pid)
     children_start = os.times()
     samples, processes = await _clients(
@@ -266,7 +316,10 @@ async def measure_socket_level(runner: RunnerProcess, profile: Profile, sockets:
         f"bench-{sockets}-{time.monotonic_ns()}",
         profile.sockets_per_client_process,
     )
-    cpu = _with_runner(cpu_report(start, cpu_sample()), _process_cpu_s(pid) - runner_start)
+    runner_cpu_s = _process_cpu_s(pid) - runner_start
+    cpu = _with_runner(cpu_report(start, cpu_sample()), runner_cpu_s)
+    cpu["ms_per_turn"] = _cpu_ms_per_turn(runner_cpu_s, len(samples))
+    cpu["runner_per_turn"] = await _close_perf(perf, len(samples))
     children = os.times()
     client_cpu_s = (children.children_user + children.children_system) - (
         children_start.children_user + children_start.children_system
@@ -438,12 +491,16 @@ async def _runtime_turns(index: int, turns: int, deadline: float, out: list[Samp
 
 async def measure_in_process_level(profile: Profile, sockets: int) -> dict[str, Any]:
     samples: list[Sample] = []
-    start = cpu_sample()
+    start, own = cpu_sample(), _own_cpu_s()
     deadline = time.perf_counter() + profile.seconds_per_phase
     async with trio.open_nursery() as nursery:
         for index in range(sockets):
             nursery.start_soon(_runtime_turns, index, _turns_at(profile, sockets), deadline, samples)
-    return {**_summary(samples), "sockets": sockets, "cpu": cpu_report(start, cpu_sample())}
+    cpu = {
+        **cpu_report(start, cpu_sample()),
+        "ms_per_turn": _cpu_ms_per_turn(_own_cpu_s() - own, len(samples)),
+    }
+    return {**_summary(samples), "sockets": sockets, "cpu": cpu}
 
 
 # -- All levels, the three ways in turn -------------------------------------------------------
@@ -461,9 +518,11 @@ async def measure(profile: Profile, data_dir: Path) -> list[dict[str, Any]]:
                 say(f"  {sockets} socket(s): socket (load {os.getloadavg()[0]:.1f})")
                 socket = await measure_socket_level(runner, profile, sockets)
                 say(f"  {sockets} socket(s): platform (load {os.getloadavg()[0]:.1f})")
-                start = cpu_sample()
+                start, own = cpu_sample(), _own_cpu_s()
                 samples = await platform_level(sockets, _turns_at(profile, sockets))
-                platform = {**_summary(samples), "sockets": sockets, "cpu": cpu_report(start, cpu_sample())}
+                cpu = cpu_report(start, cpu_sample())
+                cpu["ms_per_turn"] = _cpu_ms_per_turn(_own_cpu_s() - own, len(samples))
+                platform = {**_summary(samples), "sockets": sockets, "cpu": cpu}
                 say(f"  {sockets} socket(s): in-process (load {os.getloadavg()[0]:.1f})")
                 local = await measure_in_process_level(profile, sockets)
                 levels.append(
@@ -497,6 +556,12 @@ def _ratios(level: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _per_turn(counts: dict[str, float] | None) -> str:
+    if not counts:
+        return "-"
+    return f"{fmt(counts.get('sendto'))} / {fmt(counts.get('context-switches'))}"
+
+
 def _table(levels: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for level in levels:
@@ -510,6 +575,8 @@ def _table(levels: list[dict[str, Any]]) -> list[list[str]]:
                 fmt(r["socket_over_in_process"]) + "x",
                 fmt(r["socket_over_platform"]) + "x",
                 fmt(r["platform_over_in_process"]) + "x",
+                " / ".join(fmt(level[phase]["cpu"].get("ms_per_turn")) for phase in PHASES),
+                _per_turn(level["socket"]["cpu"].get("runner_per_turn")),
                 f"{level['socket'][metric].get('n', 0)}",
                 "{:.1f}".format(level["socket"]["cpu"]["load_average"][0]),
             ]
@@ -525,6 +592,8 @@ HEADERS = (
     "sock/in-proc",
     "sock/platform",
     "platform/in-proc",
+    "CPU ms/turn s/p/i",
+    "runner sendto / cswitch per turn",
     "turns",
     "load",
 )
