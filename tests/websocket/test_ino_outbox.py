@@ -136,3 +136,31 @@ def _keep(into: list[TurnEvent]) -> Callable[[TurnEvent], Awaitable[None]]:
         into.append(event)
 
     return listen
+
+
+async def test_a_sentences_audio_leaves_in_as_few_frames_as_the_join_allows(tmp_path: Path) -> None:
+    # A socket that writes at once: the pieces of a sentence are synthesized together and
+    # queued together, so they leave joined, not one frame each.
+    async with open_service(tmp_path) as service:
+        minted = await service.platform.mint_key(end_user_id="eu_prompt", ttl_seconds=600, credit_limit=None)
+        row = await service.platform.create_conversation(minted.row)
+        send, incoming = trio.open_memory_channel[str | bytes](math.inf)
+        wire = StalledWire(incoming)
+        wire.flowing.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(service.serve_socket, wire, row.conversation_id)
+            send.send_nowait(
+                json.dumps({"type": "auth", "key": minted.token, "session_id": row.conversation_id})
+            )
+            send.send_nowait(json.dumps({"type": "user_message", "text": "When is breakfast served?"}))
+            with trio.fail_after(20):
+                while not any(isinstance(m, str) and '"type":"turn.done"' in m for m in wire.sent):
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    checker = FrameChecker(thoughts_allowed=False)
+    for message in wire.sent:
+        checker.feed(message)
+    checker.finish()
+    [end] = checker.of_type("audio.end")
+    assert end["bytes"] > 3 * 2648  # more than a few of espeak's pieces
+    assert len(checker.binary) == math.ceil(end["bytes"] / (64 << 10))

@@ -84,7 +84,10 @@ class InoCall:
         await trio.lowlevel.checkpoint()
 
     async def publish_audio(self, pcm: bytes, sample_rate_hz: int) -> None:
-        await trio.lowlevel.checkpoint()  # audio leaves as frames, from the turn's events
+        # Audio leaves as frames, from the turn's events. No yield unless cancelled: a
+        # sentence's pieces (synthesized together) queue together and leave as one frame,
+        # while a cancel still stops the voice between two pieces.
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     async def clear_audio(self) -> None:
         await trio.lowlevel.checkpoint()
