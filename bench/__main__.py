@@ -135,6 +135,13 @@ SCENARIOS = (
         full_only="needs a LiveKit server in a private network namespace and several minutes; full mode only",
     ),
     Scenario(
+        name="fuzz",
+        what="generated requests and frames against real runners: examples, violations (0)",
+        quick_s=110,
+        full_s=700,
+        limit_s=1500,
+    ),
+    Scenario(
         name="speech",
         what="embedded speech: WER old vs new recognizers, TTS first audio, VAD cost",
         quick_s=90,

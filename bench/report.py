@@ -246,6 +246,25 @@ def _websocket_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     )
 
 
+def _fuzz_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    fuzz = _ok(runs, "fuzz")
+    if not fuzz:
+        return []
+    none = "none: any violation is a bug"
+    return [
+        _row(
+            "fuzz",
+            "generated examples run (routes and frames)",
+            fuzz["examples"],
+            None,
+            none,
+            "examples",
+            "higher",
+        ),
+        _row("fuzz", "violations found", fuzz["violations"], None, none, "violations", "lower"),
+    ]
+
+
 def _livekit_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     lk = _ok(runs, "livekit")
     if not lk:
@@ -586,6 +605,7 @@ ROW_BUILDERS: tuple[Callable[[Mapping[str, Any]], list[dict[str, Any]]], ...] = 
     _messages_rows,
     _turns_rows,
     _websocket_rows,
+    _fuzz_rows,
     _livekit_rows,
     _host_rows,
     _worker_rows,

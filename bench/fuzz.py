@@ -1,0 +1,184 @@
+"""Generated-input benchmark: the checks of tests/fuzz/, for longer, against real runners.
+
+    python -m bench.fuzz [--quick] [--examples N] [--seed S]
+
+Two ``runner serve`` processes on loopback, as the CI suite uses them: one of
+``tests.agents:messenger`` for every route of the management API, one of
+``tests.websocket.ino_agents:text_only`` for every client frame of the ino.v2 agent socket.
+Each route and each frame gets ``N`` generated examples (valid and mutated, from
+``runner/protocol.schema.json`` and ``runner/ino.schema.json``) with Hypothesis, seeded with
+``S``; every example is checked as the suite checks it (an answer, never a 500, a documented
+code, nothing journaled for a refusal, ``/health`` after it), and each runner must still
+start and stop a call / take a turn at the end. A violation is shrunk by Hypothesis and
+reported with its smallest example.
+
+Prints how many examples ran per route and frame, how each was answered, and the violations
+found (0 is the only passing figure). Results go to ``bench/results/fuzz-<UTC>.json`` and
+``fuzz-latest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from tests.fuzz import _http, _socket
+from tests.runner_process import TOKEN
+from tests.websocket.ino_client import BackgroundRunner
+
+from ._common import machine_info, print_table, say, write_results
+
+QUICK_EXAMPLES = 15
+FULL_EXAMPLES = 100
+
+
+def _explore(
+    strategy: st.SearchStrategy[Any], check: Callable[[Any], None], examples: int, at: int
+) -> str | None:
+    """Run ``check`` on ``examples`` values of ``strategy``; the shrunk violation, if any."""
+
+    @seed(at)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
+    @given(strategy)
+    def run(case: Any) -> None:
+        check(case)
+
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001 - any failure of a check is a violation to report, with its example
+        notes = "\n".join(getattr(exc, "__notes__", []))
+        return f"{type(exc).__name__}: {exc}\n{notes}".strip()
+    return None
+
+
+def _management(journal: Path, examples: int, at: int) -> dict[str, Any]:
+    runner = BackgroundRunner(
+        journal, "--max-sessions", "64", "--drain-grace-ms", "100", agent="tests.agents:messenger"
+    )
+    violations: dict[str, str] = {}
+    try:
+        target = _http.Management(runner.addresses.management)
+
+        async def start_live() -> None:
+            async with target.client() as client:
+                started = await client.post("/v1/sessions", json=_http._start(_http.LIVE))
+                assert started.status_code == 202, started.text
+
+        trio.run(start_live)
+        for n, route in enumerate(sorted(_http.ROUTES)):
+            say(f"fuzz: {route} ({examples} examples)")
+            found = _explore(
+                _http.requests(route), lambda case: trio.run(_http.check_request, target, case), examples, at
+            )
+            if found is None:
+                found = _explore(st.just(n), lambda run: trio.run(_http.check_healthy, target, run), 1, at)
+            if found is not None:
+                violations[route] = found
+                say(f"fuzz: VIOLATION on {route}:\n{found}")
+    finally:
+        runner.stop()
+    tracebacks = [line for line in runner.stderr if "Traceback" in line]
+    if tracebacks:
+        violations["runner stderr"] = f"{len(tracebacks)} tracebacks on the runner's stderr"
+    return {"violations": violations}
+
+
+def _agent_socket(journal: Path, examples: int, at: int) -> dict[str, Any]:
+    runner = BackgroundRunner(journal, "--max-sessions", "64", agent="text_only")
+    violations: dict[str, str] = {}
+    try:
+        target = _socket.AgentSocket(runner.addresses)
+        trio.run(target.mint)
+        for verb in _socket.FRAMES:
+            say(f"fuzz: frame {verb} ({examples} examples)")
+            found = _explore(
+                _socket.frames(verb), lambda case: trio.run(_socket.check_frame, target, case), examples, at
+            )
+            if found is None:
+                found = _explore(st.just(0), lambda _: trio.run(_socket.check_healthy, target), 1, at)
+            if found is not None:
+                violations[verb] = found
+                say(f"fuzz: VIOLATION on frame {verb}:\n{found}")
+    finally:
+        runner.stop()
+    tracebacks = [line for line in runner.stderr if "Traceback" in line]
+    if tracebacks:
+        violations["runner stderr (socket)"] = f"{len(tracebacks)} tracebacks on the runner's stderr"
+    return {"violations": violations}
+
+
+def _answers(counter: Any, name: str) -> str:
+    got = sorted(((answer, n) for (key, answer), n in counter.items() if key == name), key=lambda a: -a[1])
+    return ", ".join(f"{answer} x{n}" for answer, n in got)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fuzz", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_EXAMPLES} examples per route and frame")
+    parser.add_argument(
+        "--examples", type=int, help=f"examples per route and frame (default {FULL_EXAMPLES})"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Hypothesis' seed (default 0)")
+    args = parser.parse_args(argv)
+    examples = args.examples or (QUICK_EXAMPLES if args.quick else FULL_EXAMPLES)
+    command = f"python -m bench.fuzz --examples {examples} --seed {args.seed}"
+    machine = machine_info()
+    say(f"{command}: {machine['cores']} cores, Python {machine['python']}")
+    began = time.perf_counter()
+    assert TOKEN  # the runners take the suite's management token
+    with tempfile.TemporaryDirectory(prefix="bench-fuzz-") as tmp:
+        management = _management(Path(tmp) / "management.db", examples, args.seed)
+        sockets = _agent_socket(Path(tmp) / "socket.db", examples, args.seed)
+    elapsed = time.perf_counter() - began
+    violations = {**management["violations"], **sockets["violations"]}
+    rows = [
+        [f"route {route}", _http.TALLY[route], _answers(_http.ANSWERS, route)]
+        for route in sorted(_http.ROUTES)
+    ] + [[f"frame {verb}", _socket.TALLY[verb], _answers(_socket.ANSWERS, verb)] for verb in _socket.FRAMES]
+    results = {
+        "benchmark": "fuzz",
+        "profile": "quick" if args.quick else "full",
+        "command": command,
+        "finished_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": elapsed,
+        "machine": machine,
+        "parameters": {"examples": examples, "seed": args.seed},
+        "examples": sum(_http.TALLY.values()) + sum(_socket.TALLY.values()),
+        "routes": {
+            route: {"examples": _http.TALLY[route], "answers": _answers(_http.ANSWERS, route)}
+            for route in _http.ROUTES
+        },
+        "frames": {
+            verb: {"examples": _socket.TALLY[verb], "answers": _answers(_socket.ANSWERS, verb)}
+            for verb in _socket.FRAMES
+        },
+        "violations": len(violations),
+        "violation_details": violations,
+    }
+    path = write_results("fuzz", results)
+    print()
+    print(f"{command} ({elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']})")
+    print_table(("route / frame", "examples run", "answered"), rows)
+    print(f"examples: {results['examples']}; violations: {len(violations)}")
+    for where, what in violations.items():
+        print(f"\nVIOLATION {where}:\n{what}")
+    print(f"results: {path}")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
