@@ -198,7 +198,9 @@ class _Sound:
         speaker: Any = None
         try:
             async for first in caller.audio:
-                self.idle = trio.Event()
+                # A new Event only once the last was set: wait_played may be waiting on this one.
+                if self.idle.is_set():
+                    self.idle = trio.Event()
                 batch = [first, *_ready(caller)]
                 if None in batch:
                     # The caller talked over the agent: what was queued before the clear is dropped.

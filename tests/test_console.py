@@ -122,7 +122,8 @@ async def test_with_a_sound_card_the_console_speaks_and_listens(tmp_path: Path) 
         pytest.skip("no PortAudio here (.ci/install-audio installs it)")
     work = tmp_path / "work"
     work.mkdir()
-    done = await console(stdin="what is the weather in lisbon\n", cwd=work, env=env, seconds=90)
+    # Well under wait_played's 60 s limit: the last reply is played, then the console exits.
+    done = await console(stdin="what is the weather in lisbon\n", cwd=work, env=env, seconds=45)
     assert done.returncode == 0, done.stderr.decode()
     assert "no audio" not in done.stderr.decode()
     out = done.stdout.decode()
