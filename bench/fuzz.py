@@ -32,7 +32,6 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.fuzz import _http, _socket
-from tests.runner_process import TOKEN
 from tests.websocket.ino_client import BackgroundRunner
 
 from ._common import machine_info, print_table, say, write_results
@@ -65,60 +64,62 @@ def _explore(
     return None
 
 
-def _management(journal: Path, examples: int, at: int) -> dict[str, Any]:
-    runner = BackgroundRunner(
-        journal, "--max-sessions", "64", "--drain-grace-ms", "100", agent="tests.agents:messenger"
+def _storm(
+    runner: BackgroundRunner,
+    names: Sequence[str],
+    strategy_of: Callable[[str], st.SearchStrategy[Any]],
+    check: Callable[[Any], None],
+    healthy: Callable[[int], None],
+    examples: int,
+    at: int,
+) -> dict[str, str]:
+    """Each name's examples, then the runner's health; the violations by name (and the runner's tracebacks)."""
+    violations: dict[str, str] = {}
+    try:
+        for n, name in enumerate(names):
+            say(f"fuzz: {name} ({examples} examples)")
+            found = _explore(strategy_of(name), check, examples, at)
+            if found is None:
+                found = _explore(st.just(n), healthy, 1, at)
+            if found is not None:
+                violations[name] = found
+                say(f"fuzz: VIOLATION on {name}:\n{found}")
+    finally:
+        runner.stop()
+    tracebacks = [line for line in runner.stderr if "Traceback" in line]
+    if tracebacks:
+        violations[f"runner of {names[0]}..."] = f"{len(tracebacks)} tracebacks on the runner's stderr"
+    return violations
+
+
+def _management(journal: Path, examples: int, at: int) -> dict[str, str]:
+    runner = BackgroundRunner(journal, *_http.RUNNER_ARGS, agent=_http.RUNNER_AGENT)
+    target = _http.Management(runner.addresses.management)
+    trio.run(_http.prepare, target)
+    return _storm(
+        runner,
+        sorted(_http.ROUTES),
+        _http.requests,
+        lambda case: trio.run(_http.check_request, target, case),
+        lambda n: trio.run(_http.check_healthy, target, n),
+        examples,
+        at,
     )
-    violations: dict[str, str] = {}
-    try:
-        target = _http.Management(runner.addresses.management)
-
-        async def start_live() -> None:
-            async with target.client() as client:
-                started = await client.post("/v1/sessions", json=_http._start(_http.LIVE))
-                assert started.status_code == 202, started.text
-
-        trio.run(start_live)
-        for n, route in enumerate(sorted(_http.ROUTES)):
-            say(f"fuzz: {route} ({examples} examples)")
-            found = _explore(
-                _http.requests(route), lambda case: trio.run(_http.check_request, target, case), examples, at
-            )
-            if found is None:
-                found = _explore(st.just(n), lambda run: trio.run(_http.check_healthy, target, run), 1, at)
-            if found is not None:
-                violations[route] = found
-                say(f"fuzz: VIOLATION on {route}:\n{found}")
-    finally:
-        runner.stop()
-    tracebacks = [line for line in runner.stderr if "Traceback" in line]
-    if tracebacks:
-        violations["runner stderr"] = f"{len(tracebacks)} tracebacks on the runner's stderr"
-    return {"violations": violations}
 
 
-def _agent_socket(journal: Path, examples: int, at: int) -> dict[str, Any]:
-    runner = BackgroundRunner(journal, "--max-sessions", "64", agent="text_only")
-    violations: dict[str, str] = {}
-    try:
-        target = _socket.AgentSocket(runner.addresses)
-        trio.run(target.mint)
-        for verb in _socket.FRAMES:
-            say(f"fuzz: frame {verb} ({examples} examples)")
-            found = _explore(
-                _socket.frames(verb), lambda case: trio.run(_socket.check_frame, target, case), examples, at
-            )
-            if found is None:
-                found = _explore(st.just(0), lambda _: trio.run(_socket.check_healthy, target), 1, at)
-            if found is not None:
-                violations[verb] = found
-                say(f"fuzz: VIOLATION on frame {verb}:\n{found}")
-    finally:
-        runner.stop()
-    tracebacks = [line for line in runner.stderr if "Traceback" in line]
-    if tracebacks:
-        violations["runner stderr (socket)"] = f"{len(tracebacks)} tracebacks on the runner's stderr"
-    return {"violations": violations}
+def _agent_socket(journal: Path, examples: int, at: int) -> dict[str, str]:
+    runner = BackgroundRunner(journal, *_socket.RUNNER_ARGS, agent=_socket.RUNNER_AGENT)
+    target = _socket.AgentSocket(runner.addresses)
+    trio.run(target.mint)
+    return _storm(
+        runner,
+        _socket.FRAMES,
+        _socket.frames,
+        lambda case: trio.run(_socket.check_frame, target, case),
+        lambda _: trio.run(_socket.check_healthy, target),
+        examples,
+        at,
+    )
 
 
 def _answers(counter: Any, name: str) -> str:
@@ -139,12 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info()
     say(f"{command}: {machine['cores']} cores, Python {machine['python']}")
     began = time.perf_counter()
-    assert TOKEN  # the runners take the suite's management token
     with tempfile.TemporaryDirectory(prefix="bench-fuzz-") as tmp:
         management = _management(Path(tmp) / "management.db", examples, args.seed)
         sockets = _agent_socket(Path(tmp) / "socket.db", examples, args.seed)
     elapsed = time.perf_counter() - began
-    violations = {**management["violations"], **sockets["violations"]}
+    violations = {**management, **sockets}
     rows = [
         [f"route {route}", _http.TALLY[route], _answers(_http.ANSWERS, route)]
         for route in sorted(_http.ROUTES)

@@ -216,6 +216,9 @@ def _session_id_in(data: bytes) -> str | None:
 
 # -- Checking ------------------------------------------------------------------------------------
 
+RUNNER_AGENT = "tests.agents:messenger"
+RUNNER_ARGS = ("--max-sessions", "64", "--drain-grace-ms", "100")
+
 TALLY: Counter[str] = Counter()
 """Requests checked, by route (``python -m bench.fuzz`` prints it)."""
 ANSWERS: Counter[tuple[str, str]] = Counter()
@@ -232,6 +235,13 @@ class Management:
         return httpx.AsyncClient(
             base_url=f"http://{self.address}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=timeout
         )
+
+
+async def prepare(target: Management) -> None:
+    """Start the call that messages, settings and reads go to."""
+    async with target.client() as client:
+        started = await client.post("/v1/sessions", json=_start(LIVE))
+    assert started.status_code == 202, started.text
 
 
 async def journal_head(client: httpx.AsyncClient) -> int:

@@ -99,6 +99,9 @@ def frames(draw: st.DrawFn, verb: str) -> Frame:
     return Frame(verb, authenticated, b"", body)
 
 
+RUNNER_AGENT = "text_only"
+RUNNER_ARGS = ("--max-sessions", "64")
+
 TALLY: Counter[str] = Counter()
 """Frames checked, by verb (``python -m bench.fuzz`` prints it)."""
 ANSWERS: Counter[tuple[str, str]] = Counter()

@@ -9,24 +9,18 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ..websocket.ino_client import BackgroundRunner
-from ._socket import FRAMES, AgentSocket, check_frame, check_healthy, frames
+from ._runner import fuzzed_runner
+from ._socket import FRAMES, RUNNER_AGENT, RUNNER_ARGS, AgentSocket, check_frame, check_healthy, frames
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def agent_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentSocket]:
-    runner = BackgroundRunner(
-        tmp_path_factory.mktemp("fuzz") / "journal.db", "--max-sessions", "64", agent="text_only"
-    )
-    try:
+    with fuzzed_runner(tmp_path_factory, RUNNER_AGENT, *RUNNER_ARGS) as runner:
         target = AgentSocket(runner.addresses)
         trio.run(target.mint)
         yield target
-    finally:
-        runner.stop()
-    assert not any("Traceback" in line for line in runner.stderr), "\n".join(runner.stderr[-60:])
 
 
 @pytest.mark.parametrize("verb", FRAMES)

@@ -4,41 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ..runner_process import TOKEN
-from ..websocket.ino_client import BackgroundRunner
-from ._http import LIVE, ROUTES, Management, check_healthy, check_request, requests
+from ._http import (
+    ROUTES,
+    RUNNER_AGENT,
+    RUNNER_ARGS,
+    Management,
+    check_healthy,
+    check_request,
+    prepare,
+    requests,
+)
+from ._runner import fuzzed_runner
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def management(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Management]:
-    runner = BackgroundRunner(
-        tmp_path_factory.mktemp("fuzz") / "journal.db",
-        "--max-sessions",
-        "64",
-        "--drain-grace-ms",
-        "100",
-        agent="tests.agents:messenger",
-    )
-    try:
-        address = runner.addresses.management
-        started = httpx.post(
-            f"http://{address}/v1/sessions",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            json={"sessionId": LIVE, "realtimeUrl": "loopback:", "realtimeToken": "t"},
-            timeout=20,
-        )
-        assert started.status_code == 202, started.text
-        yield Management(address)
-    finally:
-        runner.stop()
-    assert not any("Traceback" in line for line in runner.stderr), "\n".join(runner.stderr[-60:])
+    with fuzzed_runner(tmp_path_factory, RUNNER_AGENT, *RUNNER_ARGS) as runner:
+        target = Management(runner.addresses.management)
+        trio.run(prepare, target)
+        yield target
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
