@@ -241,14 +241,6 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .agent import load_agent
-    from .agent._runtime import choose_experiments, conversation_factory
-    from .runtime import API_KEY_ENV, freeze_startup_heap, resolve_token, serve_runner
-    from .transports.livekit import LiveKitTransport
-    from .transports.loopback import LoopbackTransport
-    from .transports.websocket import AgentSocketSetup
-    from .wire import StartCallRequest
-
     mode = {"serve": "managed", "join": "direct-join", "dev": "dev", "start": "worker"}[args.command]
     worker = None
     if mode == "worker" and args.address is None and not os.environ.get("CURB_ADDRESS"):
@@ -261,7 +253,15 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"runner: {exc}", file=sys.stderr)
         return 2
+    # The runner's stack is imported only once the configuration holds (a second and more).
+    from .agent import load_agent
+    from .agent._runtime import choose_experiments, conversation_factory
+    from .runtime import API_KEY_ENV, freeze_startup_heap, resolve_token, serve_runner
     from .telemetry import configure_tracing_from_env
+    from .transports.livekit import LiveKitTransport
+    from .transports.loopback import LoopbackTransport
+    from .transports.websocket import AgentSocketSetup
+    from .wire import StartCallRequest
 
     try:
         exporter = configure_tracing_from_env()
