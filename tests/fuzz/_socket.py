@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from ..faults._raw import BINARY, CLOSE, PING, TEXT, RawSocket, open_raw_socket, ws_frame
 from ..websocket.ino_client import API_KEY, Addresses
-from ._cases import INO, Body, bodies, valid
+from ._cases import INO, Body, bodies, segments, valid
 from ._http import Violation
 
 TOKEN_MARK, SESSION_MARK = "@token@", "@session@"
@@ -49,10 +49,14 @@ class Frame:
     authenticated: bool
     frame: bytes
     body: Body | None = None
+    query: str = f"?session_id={SESSION_MARK}"  # the handshake's: the URL names the session too
 
     def __repr__(self) -> str:
         shown = repr(self.body) if self.body is not None else repr(self.frame[:200])
         return f"Frame({self.verb}, after auth: {self.authenticated}, {shown})"
+
+    def target(self, session_id: str) -> str:
+        return "/v1/agent/stream" + self.query.replace(SESSION_MARK, session_id)
 
     def bound(self, token: str, session_id: str) -> bytes:
         """The frame with this example's credentials in place of their marks."""
@@ -96,7 +100,14 @@ def frames(draw: st.DrawFn, verb: str) -> Frame:
     body = draw(bodies(valid(INO, f"verb.{verb}", **override)))
     # Auth comes first; any other verb is sent after it, but now and then in its place.
     authenticated = verb != "auth" and draw(st.sampled_from([True] * 5 + [False]))
-    return Frame(verb, authenticated, b"", body)
+    if verb != "auth":
+        return Frame(verb, authenticated, b"", body)
+    # The first frame goes with the handshake's URL: its session id may be missing, another or hostile.
+    query = draw(
+        st.sampled_from([f"?session_id={SESSION_MARK}"] * 4 + ["", "?session_id=", "?x=1"])
+        | segments().map(lambda s: f"?session_id={s}")
+    )
+    return Frame(verb, authenticated, b"", body, query)
 
 
 RUNNER_AGENT = "text_only"
@@ -170,9 +181,7 @@ async def check_frame(target: AgentSocket, case: Frame) -> None:
         created = await client.post("/v1/agent/sessions", json={})
         assert created.status_code == 201, created.text
         session_id = created.json()["session_id"]
-        async with open_raw_socket(
-            target.addresses.public, f"/v1/agent/stream?session_id={session_id}"
-        ) as raw:
+        async with open_raw_socket(target.addresses.public, case.target(session_id)) as raw:
             if case.authenticated:
                 await raw.auth(target.token, session_id)
             code, got = await _exchange(raw, case.bound(target.token, session_id))
