@@ -6,7 +6,8 @@ Each of N people gets an ephemeral key and a conversation, opens an ``ino.v2`` s
 authenticates; then the process prints ``ready`` and waits for a line on stdin. On that
 line every socket takes ``turns`` typed turns, one after another, until ``seconds`` pass.
 It prints one JSON line: per turn, seconds from sending ``user_message`` to the first
-``text.delta``, the first binary (audio) frame and the turn's end.
+``text.delta``, the first binary (audio) frame and the turn's end, and then the round trip
+of a ``ping`` sent right after the turn (to its ``pong``).
 """
 
 from __future__ import annotations
@@ -73,10 +74,17 @@ async def _socket(
                     if first_text is None:
                         first_text = now
                 elif message.startswith(_ENDS):
-                    out.append([first_text, first_audio, now])
+                    total = now
                     break
                 elif message.startswith('{"type":"error"'):
                     raise RuntimeError(message)
+            # The floor under any frame's latency at this load: a ping's round trip through
+            # the same socket, the runner's reader and writer, and both processes' wake-ups.
+            pinged = time.perf_counter()
+            await ws.send_message('{"type":"ping"}')
+            while (await ws.get_message()) != '{"type":"pong"}':
+                pass
+            out.append([first_text, first_audio, total, time.perf_counter() - pinged])
     await stream.aclose()  # trio-websocket leaves it open when the server closed first
 
 

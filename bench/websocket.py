@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,7 @@ class Sample:
     first_text_s: float | None = None
     first_audio_s: float | None = None
     total_s: float | None = None
+    pong_s: float | None = None  # through the socket only: a ping's round trip after the turn
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -131,6 +132,7 @@ def _summary(samples: list[Sample]) -> dict[str, Any]:
             [s.first_audio_s for s in samples if s.first_audio_s is not None], scale=1000
         ),
         "turn_ms": summarize([s.total_s for s in samples if s.total_s is not None], scale=1000),
+        "ping_pong_ms": summarize([s.pong_s for s in samples if s.pong_s is not None], scale=1000),
     }
 
 
@@ -195,7 +197,13 @@ class RunnerProcess:
 
 
 async def _clients(
-    public: str, sockets: int, turns: int, seconds: float, prefix: str, per_process: int
+    public: str,
+    sockets: int,
+    turns: int,
+    seconds: float,
+    prefix: str,
+    per_process: int,
+    at_go: Callable[[list[int]], Awaitable[None]] | None = None,
 ) -> tuple[list[Sample], int]:
     """Run ``sockets`` sockets' turns from client processes started together: the samples, and how many."""
     count = math.ceil(sockets / per_process)
@@ -238,6 +246,8 @@ async def _clients(
                     if any(p.poll() is not None for p in processes):
                         raise RuntimeError("a client process ended before its sockets were ready")
                     await trio.sleep(0.05)
+                if at_go is not None:
+                    await at_go([p.pid for p in processes])
                 for process in processes:
                     assert process.stdin is not None
                     await process.stdin.send_all(b"go\n")
@@ -303,11 +313,19 @@ def _own_cpu_s() -> float:
 
 
 async def measure_socket_level(runner: RunnerProcess, profile: Profile, sockets: int) -> dict[str, Any]:
+    """One level through the socket; the CPU figures count from the moment the turns start
+    (every socket already open and authenticated), not the clients' set-up.
+    """
     turns = _turns_at(profile, sockets)
     pid = runner.process.pid
-    perf = await _open_perf(pid)
-    start, runner_start = cpu_sample(), _process_cpu_s(pid)
-    children_start = os.times()
+    began: dict[str, Any] = {}
+
+    async def at_go(clients: list[int]) -> None:
+        began["perf"] = await _open_perf(pid)
+        began["cpu"], began["runner"] = cpu_sample(), _process_cpu_s(pid)
+        began["clients"] = sum(_process_cpu_s(c) for c in clients)
+        began["children"] = _children_cpu_s()
+
     samples, processes = await _clients(
         runner.public,
         sockets,
@@ -315,15 +333,15 @@ async def measure_socket_level(runner: RunnerProcess, profile: Profile, sockets:
         profile.seconds_per_phase,
         f"bench-{sockets}-{time.monotonic_ns()}",
         profile.sockets_per_client_process,
+        at_go,
     )
-    runner_cpu_s = _process_cpu_s(pid) - runner_start
-    cpu = _with_runner(cpu_report(start, cpu_sample()), runner_cpu_s)
+    runner_cpu_s = _process_cpu_s(pid) - began["runner"]
+    cpu = _with_runner(cpu_report(began["cpu"], cpu_sample()), runner_cpu_s)
     cpu["ms_per_turn"] = _cpu_ms_per_turn(runner_cpu_s, len(samples))
-    cpu["runner_per_turn"] = await _close_perf(perf, len(samples))
-    children = os.times()
-    client_cpu_s = (children.children_user + children.children_system) - (
-        children_start.children_user + children_start.children_system
-    )
+    cpu["runner_per_turn"] = await _close_perf(began["perf"], len(samples))
+    # The clients' CPU while the turns ran: all of theirs (counted once they were reaped)
+    # less what they had used by the start.
+    client_cpu_s = _children_cpu_s() - began["children"] - began["clients"]
     cpu["client_cores"] = client_cpu_s / cpu["seconds"] if cpu.get("seconds") else None
     return {
         **_summary(samples),
@@ -331,6 +349,11 @@ async def measure_socket_level(runner: RunnerProcess, profile: Profile, sockets:
         "client_processes": processes,
         "cpu": cpu,
     }
+
+
+def _children_cpu_s() -> float:
+    times = os.times()
+    return times.children_user + times.children_system
 
 
 # -- The platform in this process, minus the socket -------------------------------------------
@@ -575,6 +598,7 @@ def _table(levels: list[dict[str, Any]]) -> list[list[str]]:
                 fmt(r["socket_over_in_process"]) + "x",
                 fmt(r["socket_over_platform"]) + "x",
                 fmt(r["platform_over_in_process"]) + "x",
+                fmt(level["socket"]["ping_pong_ms"].get("p50")),
                 " / ".join(fmt(level[phase]["cpu"].get("ms_per_turn")) for phase in PHASES),
                 _per_turn(level["socket"]["cpu"].get("runner_per_turn")),
                 f"{level['socket'][metric].get('n', 0)}",
@@ -592,6 +616,7 @@ HEADERS = (
     "sock/in-proc",
     "sock/platform",
     "platform/in-proc",
+    "ping p50 ms",
     "CPU ms/turn s/p/i",
     "runner sendto / cswitch per turn",
     "turns",
