@@ -125,8 +125,10 @@ async def test_frames_waiting_for_a_stalled_socket_are_joined_in_order(tmp_path:
     assert len(deltas) > 1 and len(pieces) > 2
     # The reply's pieces, joined while the socket was stalled: one text.delta, the whole reply.
     assert [f["text"] for f in checker.of_type("text.delta")] == [done["message"]]
-    # The audio: the same samples in the same order, in fewer, larger frames.
+    # The audio: the same samples in the same order, in fewer, larger frames; the window's
+    # first piece alone, so that playing starts as soon as it would have.
     assert b"".join(checker.binary) == b"".join(e.pcm for e in pieces)
+    assert checker.binary[0] == pieces[0].pcm
     assert len(checker.binary) < len(pieces)
     assert max(len(b) for b in checker.binary) <= 64 << 10
 
@@ -162,5 +164,7 @@ async def test_a_sentences_audio_leaves_in_as_few_frames_as_the_join_allows(tmp_
         checker.feed(message)
     checker.finish()
     [end] = checker.of_type("audio.end")
-    assert end["bytes"] > 3 * 2648  # more than a few of espeak's pieces
-    assert len(checker.binary) == math.ceil(end["bytes"] / (64 << 10))
+    first = len(checker.binary[0])
+    assert end["bytes"] > 3 * first  # more than a few of espeak's pieces
+    # The first piece alone, then the rest of the sentence in frames of up to 64 KiB.
+    assert len(checker.binary) == 1 + math.ceil((end["bytes"] - first) / (64 << 10))

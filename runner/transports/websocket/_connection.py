@@ -54,7 +54,8 @@ class _Delta:
     size: int
 
 
-_Item = str | bytearray | _Delta | _Close
+# ``bytes``: a window's first audio, never joined into; ``bytearray``: audio that may grow.
+_Item = str | bytes | bytearray | _Delta | _Close
 
 
 class _Outbox:
@@ -62,7 +63,8 @@ class _Outbox:
 
     While a write is in flight, frames that may be joined are joined: a ``text.delta``
     after a ``text.delta`` of the same turn, audio after audio of the same window (no JSON
-    frame between them: the window's ``audio.end`` comes between two windows). The client
+    frame between them: the window's ``audio.end`` comes between two windows), except a
+    window's first piece, which leaves alone so that playing starts as soon as before. The client
     reads the same text and the same samples, in the same order, in fewer frames.
     """
 
@@ -117,6 +119,7 @@ class Connection:
         # behind is closed with 4006 ("slow down and reconnect") rather than held in memory.
         self._outbox = _Outbox()
         self._unsent = 0
+        self._window_opened = False
         self._reading = trio.CancelScope()
         self._counted = False
 
@@ -142,6 +145,7 @@ class Connection:
         self.seq += 1
         data = w.encode_frame(frame, self.seq)
         self._queue(data, len(data))
+        self._window_opened = isinstance(frame, w.AudioStart)
 
     def deliver(self, event: ConversationEvent) -> None:
         """Say what the conversation reports, as frames on this socket."""
@@ -158,6 +162,11 @@ class Connection:
 
     def send_binary(self, pcm: bytes) -> None:
         if self.closing is not None or not pcm:
+            return
+        if self._window_opened:
+            # A client plays a frame once it has all of it: the first stays small.
+            self._window_opened = False
+            self._queue(bytes(pcm), len(pcm))
             return
         last = self._outbox.last()
         if isinstance(last, bytearray) and len(last) + len(pcm) <= _JOIN_AUDIO_BYTES:
@@ -229,12 +238,12 @@ class Connection:
                 self._reading.cancel()
                 return
 
-    async def _send_item(self, item: str | bytearray | _Delta) -> None:
+    async def _send_item(self, item: str | bytes | bytearray | _Delta) -> None:
         if isinstance(item, _Delta):
             await self.io.send(w.encode_frame(w.TextDelta(turn=item.turn, text=item.text), item.seq))
             self._unsent -= item.size
         else:
-            await self.io.send(item if isinstance(item, str) else bytes(item))
+            await self.io.send(bytes(item) if isinstance(item, bytearray) else item)
             self._unsent -= len(item)
 
     # -- The connection's life -------------------------------------------------------------
