@@ -3,6 +3,7 @@
 from ._journal import DEFAULT_RETENTION_RECORDS as DEFAULT_RETENTION_RECORDS
 from ._journal import CursorAhead as CursorAhead
 from ._journal import CursorTooOld as CursorTooOld
+from ._journal import Entry as Entry
 from ._journal import Journal as Journal
 from ._journal import JournalClosed as JournalClosed
 from ._journal import JournalFile as JournalFile

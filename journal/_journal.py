@@ -20,26 +20,29 @@ import fcntl
 import functools
 import json
 import logging
+import operator
 import os
 import queue
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from itertools import chain, compress, count, repeat
 from json.encoder import (  # type: ignore[attr-defined]  # the C encoder is real but undeclared in typeshed
     c_make_encoder,
     encode_basestring,
     encode_basestring_ascii,
 )
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import attrs
 import outcome
 import trio
 
 T = TypeVar("T")
+R = TypeVar("R")
 log = logging.getLogger("journal")
 
 DEFAULT_RETENTION_RECORDS = 4096
@@ -55,9 +58,11 @@ _LINE_SQL = (
 )
 
 
-@attrs.frozen
-class Record:
+class Record(NamedTuple):
     """One committed record.
+
+    A named tuple rather than a frozen attrs class: the writer makes one for every record
+    it commits, and a tuple costs a fraction of that (docs/performance.md, the journal).
 
     Attributes:
         envelope: Runner-wide, gapless, positive; the resume cursor.
@@ -78,7 +83,26 @@ class Record:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Record:
         envelope, producer, seq, klass, at, body = row
-        return cls(envelope=envelope, producer=producer, seq=seq, cls=klass, at=at, body=json.loads(body))
+        return cls(envelope, producer, seq, klass, at, json.loads(body))
+
+
+@attrs.frozen(kw_only=True)
+class Entry:
+    """One record for :meth:`Journal.append_many`: what :meth:`Journal.append` takes.
+
+    Attributes:
+        producer: ``runner`` or a session id.
+        cls: The record class, for example ``lifecycle`` or ``conversation``.
+        body: A JSON object.
+        stamp: Put the record's ``seq`` and ``at`` into the body, after its ``type``.
+        closes: This is the producer's terminal record.
+    """
+
+    producer: str
+    cls: str
+    body: Mapping[str, Any]
+    stamp: bool = False
+    closes: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -141,7 +165,8 @@ def _connect(path: Path, *, readonly: bool = False, prepare: bool = True) -> sql
         )
         conn.execute("PRAGMA busy_timeout = 5000")
         return conn
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    # Room for the writer's statements of every batch size (see _chunks) and the rest.
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, cached_statements=256)
     if prepare:
         _prepare_connection(conn)
     return conn
@@ -337,58 +362,125 @@ class ReaderPool:
             return await trio.to_thread.run_sync(run)
 
 
+# What the writer needs of one record: producer, class, body, the body's JSON, stamp, closes.
+# The JSON is encoded by the appender (so one bad body fails only its own append); for a
+# stamped body it is everything but its type, which the writer puts first with seq and at.
+_Row = tuple[str, str, Mapping[str, Any], str, bool, bool]
+
+
+def _row(producer: str, cls: str, body: Mapping[str, Any], stamp: bool, closes: bool) -> _Row:
+    """What the writer needs of one record, checked: a bad record fails only its own append.
+
+    Raises:
+        TypeError: ``body`` is not a JSON object, or holds a value JSON has no form for.
+        ValueError: ``body`` holds NaN or an infinity, or a name is not Unicode text.
+    """
+    # A lone surrogate would fail the whole transaction in SQLite: fail only this append.
+    producer.encode()
+    cls.encode()
+    if stamp and "type" not in body:
+        raise TypeError("a stamped record's body must have a type")
+    text = "".join(_encode_chunks({k: v for k, v in body.items() if k != "type"} if stamp else body, 0))
+    if text[0] != "{":
+        raise TypeError("a record's body must be a JSON object")
+    return (producer, cls, body, text, stamp, closes)
+
+
 @attrs.define
-class _Pending:
-    producer: str
-    cls: str
-    body: Mapping[str, Any]
-    # The body's JSON, encoded by the appender (so one bad body fails only its own append);
-    # for a stamped body, everything but its type, which the writer puts first with seq and at.
-    encoded: str
-    stamp: bool
-    closes: bool
-    # The appender waiting for this record; None once it stopped waiting (it was cancelled).
+class _Request:
+    """One call of append or append_many, waiting for the commit of its records."""
+
+    rows: tuple[_Row, ...]
+    # The appender waiting; None once it stopped waiting (it was cancelled).
     task: trio.lowlevel.Task | None
+    # Once committed: the Record of a request of one row, the list of them for several.
+    result: Any = None
 
     def abandon(self, _: Any) -> trio.lowlevel.Abort:
-        """The appender was cancelled: the record is still written, nobody is told."""
+        """The appender was cancelled: the records are still written, nobody is told."""
         self.task = None
         return trio.lowlevel.Abort.SUCCEEDED
+
+
+def _results(batch: Sequence[_Request], records: list[Record]) -> Sequence[Any]:
+    """Each request's result (see ``_Request.result``), in order."""
+    if len(records) == len(batch):  # every request has one row: the usual batch
+        return records
+    results: list[Any] = []
+    start = 0
+    for request in batch:
+        end = start + len(request.rows)
+        results.append(records[start] if end - start == 1 else records[start:end])
+        start = end
+    return results
+
+
+class _Woken(outcome.Outcome[None]):
+    """What wakes an appender whose records committed: one shared object for all of them.
+
+    The records go on the request (``_Request.result``): an ``outcome.Value`` made for
+    each append, and spent by its one unwrap, cost about 7,000 instructions an append.
+    """
+
+    __slots__ = ()
+
+    def unwrap(self) -> None:
+        return None
+
+    def send(self, gen: Generator[R, None, object]) -> R:
+        return gen.send(None)
+
+    async def asend(self, agen: AsyncGenerator[R, None]) -> R:
+        return await agen.asend(None)
+
+
+_WOKEN = _Woken()
 
 
 # Put on the writer's queue after the last append: the thread commits what is before it and ends.
 _STOP = object()
 
 
-_COLUMNS = 6  # envelope, producer, seq, class, at, body
-_INSERT_CHUNK = 256  # rows per INSERT at most: 1,536 parameters, well under SQLite's limit
+_CHUNK = 256  # rows per statement at most: 1,281 parameters, well under SQLite's limit
 
 
-@functools.cache
-def _insert_sql(rows: int) -> str:
-    values = ",".join(["(?, ?, ?, ?, ?, ?)"] * rows)
-    return f"INSERT INTO records (envelope, producer, seq, class, at, body) VALUES {values}"
+def _chunks(rows: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each statement's rows.
 
-
-def _insert_records(values: list[Any]) -> Iterator[tuple[str, list[Any]]]:
-    """INSERT statements for rows given as one flat list of their ``_COLUMNS`` values each.
-
-    In chunks of a power of two rows, so that few distinct statements are ever prepared.
+    Up to 64 rows go in one statement of their own size, more in multiples of 32: a batch
+    takes one or two statements, and there are at most 70 distinct ones to prepare.
     """
-    rows = len(values) // _COLUMNS
-    start, size = 0, _INSERT_CHUNK
+    start = 0
     while start < rows:
-        while size > rows - start:
-            size //= 2
-        yield _insert_sql(size), values[start * _COLUMNS : (start + size) * _COLUMNS]
+        size = min(rows - start, _CHUNK)
+        if size > 64:
+            size -= size % 32
+        yield start, start + size
         start += size
 
 
-# The producers a batch touched, as one JSON object {producer: last seq}: one statement per batch.
-_UPSERT_PRODUCERS = (
-    "INSERT INTO producers (producer, last_seq) SELECT key, value FROM json_each(?) WHERE true"
-    " ON CONFLICT (producer) DO UPDATE SET last_seq = excluded.last_seq"
-)
+# Parameters go by column: the statement takes its values column after column, so they are
+# handed over as a few concatenated columns rather than a tuple per row.
+@functools.cache
+def _insert_sql(rows: int) -> str:
+    """?1 is the time; then the envelopes, producers, seqs, classes and bodies, ``rows`` of each."""
+    values = ",".join(
+        f"(?{2 + i}, ?{2 + rows + i}, ?{2 + 2 * rows + i}, ?{2 + 3 * rows + i}, ?1, ?{2 + 4 * rows + i})"
+        for i in range(rows)
+    )
+    return f"INSERT INTO records (envelope, producer, seq, class, at, body) VALUES {values}"
+
+
+@functools.cache
+def _upsert_producers_sql(rows: int) -> str:
+    """The producers a batch touched, then their last seq in it."""
+    values = ",".join(f"(?{1 + i}, ?{1 + rows + i})" for i in range(rows))
+    return (
+        f"INSERT INTO producers (producer, last_seq) VALUES {values}"
+        " ON CONFLICT (producer) DO UPDATE SET last_seq = excluded.last_seq"
+    )
+
+
 _CLOSE_PRODUCERS = "UPDATE producers SET closed = 1 WHERE producer IN (SELECT value FROM json_each(?))"
 
 
@@ -401,69 +493,173 @@ class _Writer:
         self.head = _head(conn)
         self.seqs: dict[str, int] = {}
 
-    def _next_seq(self, producer: str) -> int:
-        last = self.seqs.get(producer)
-        if last is None:
-            row = self.conn.execute(
-                "SELECT last_seq FROM producers WHERE producer = ?", (producer,)
-            ).fetchone()
-            last = row[0] if row else 0
-        return last + 1
+    def _stored_seq(self, producer: str) -> int:
+        """The last seq the file holds for a producer this writer has not written yet (0 if none)."""
+        row = self.conn.execute("SELECT last_seq FROM producers WHERE producer = ?", (producer,)).fetchone()
+        return row[0] if row else 0
 
-    def write(self, batch: Sequence[_Pending]) -> tuple[list[Record], list[str], int]:
+    def _next_seqs(self, producers: Sequence[str]) -> tuple[list[int], dict[str, int]]:
+        """The seq of each record, and each producer's last seq in the batch."""
+        known = self.seqs
+        try:
+            # Usually every producer has one record in the batch and has written before.
+            seqs = list(map(operator.add, map(known.__getitem__, producers), repeat(1)))
+            last = dict(zip(producers, seqs, strict=True))
+            if len(last) == len(seqs):
+                return seqs, last
+        except KeyError:
+            pass
+        last = {}
+        seqs = []
+        for producer in producers:
+            seq = last[producer] = (
+                last.get(producer) or known.get(producer) or self._stored_seq(producer)
+            ) + 1
+            seqs.append(seq)
+        return seqs, last
+
+    def write(self, batch: Sequence[_Request]) -> tuple[list[Record], _Lines]:
         """Commit ``batch`` as one transaction.
 
         Returns:
-            Its records, their stream lines, and the lines' total length.
+            Its records, and their stream lines (rendered when first read).
         """
         at = now_ms()
-        envelope = self.head
-        seqs: dict[str, int] = {}
-        values: list[Any] = []
-        records = []
-        lines: list[str] = []
-        size = 0
-        closed = []
-        for item in batch:
-            seq = seqs.get(item.producer) or self._next_seq(item.producer)
-            seqs[item.producer] = seq + 1
-            envelope += 1
-            body = item.body
-            text = item.encoded
-            if item.stamp:
-                # Call records repeat their seq and at inside the body (the seed's host record).
-                body = {"type": body["type"], "seq": seq, "at": at, **body}
-                head = f'{{"type":{_encode(body["type"])},"seq":{seq},"at":{at}'
-                text = head + ("," + text[1:] if len(text) > 2 else "}")
-            values += (envelope, item.producer, seq, item.cls, at, text)
-            records.append(Record(envelope, item.producer, seq, item.cls, at, body))
-            line = (
-                f'{{"envelope":{envelope},"producer":{_quote(item.producer)},"seq":{seq},'
-                f'"class":{_quote(item.cls)},"at":{at},"body":{text}}}'
+        # The batch as columns, from which the rows and the Records are built by map and zip
+        # with no Python per record; the stream lines wait for a reader (_Lines).
+        rows = zip(*chain.from_iterable(map(_rows_of, batch)), strict=True)
+        producers, classes, given_bodies, given_texts, stamps, closes = rows
+        seqs, last = self._next_seqs(producers)
+        bodies, texts = _stamped(given_bodies, given_texts, stamps, seqs, at)
+        first = self.head + 1
+        envelopes = range(first, first + len(seqs))
+        records = list(
+            map(
+                _new_record,
+                repeat(Record),
+                zip(envelopes, producers, seqs, classes, repeat(at), bodies, strict=False),  # repeat: endless
             )
-            lines.append(line)
-            size += len(line)
-            if item.closes:
-                closed.append(item.producer)
+        )
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             # Few statements, each stepping through many rows: the GIL is released once per
             # statement rather than once per row, so the writer seldom waits for the loop.
-            for sql, params in _insert_records(values):
-                conn.execute(sql, params)
-            conn.execute(_UPSERT_PRODUCERS, (_encode({p: seq - 1 for p, seq in seqs.items()}),))
-            if closed:
-                conn.execute(_CLOSE_PRODUCERS, (_encode(closed),))
-            conn.execute("DELETE FROM records WHERE envelope <= ?", (envelope - self.retention_records,))
+            for start, end in _chunks(len(seqs)):
+                conn.execute(
+                    _insert_sql(end - start),
+                    [
+                        at,
+                        *envelopes[start:end],
+                        *producers[start:end],
+                        *seqs[start:end],
+                        *classes[start:end],
+                        *texts[start:end],
+                    ],
+                )
+            touched, lasts = list(last), list(last.values())
+            for start, end in _chunks(len(touched)):
+                conn.execute(_upsert_producers_sql(end - start), [*touched[start:end], *lasts[start:end]])
+            if True in closes:
+                conn.execute(_CLOSE_PRODUCERS, (_encode(list(compress(producers, closes))),))
+            conn.execute("DELETE FROM records WHERE envelope <= ?", (envelopes[-1] - self.retention_records,))
             conn.execute("COMMIT")
         except BaseException:
             rollback(conn)
             raise
-        self.head = envelope
-        for producer, seq in seqs.items():
-            self.seqs[producer] = seq - 1
-        return records, lines, size
+        self.head = envelopes[-1]
+        self.seqs.update(last)
+        size = sum(map(len, texts)) + _LINE_OVERHEAD * len(seqs)
+        return records, _Lines(first, at, (producers, seqs, classes, texts), size)
+
+
+_rows_of = operator.attrgetter("rows")
+# A Record from its six values without a Python-level __init__ (NamedTuple's takes three times as long).
+_new_record = tuple.__new__
+
+
+def _stamped(
+    bodies: Sequence[Mapping[str, Any]],
+    texts: Sequence[str],
+    stamps: Sequence[bool],
+    seqs: list[int],
+    at: int,
+) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """The bodies and their JSON with ``seq`` and ``at`` put in after the type, where stamped.
+
+    Call records repeat their seq and at inside the body (the seed's host record).
+    """
+    bodies, texts = list(bodies), list(texts)
+    for i in compress(range(len(seqs)), stamps):
+        body, seq, text = bodies[i], seqs[i], texts[i]
+        bodies[i] = {"type": body["type"], "seq": seq, "at": at, **body}
+        head = f'{{"type":{_encode(body["type"])},"seq":{seq},"at":{at}'
+        texts[i] = head + ("," + text[1:] if len(text) > 2 else "}")
+    return bodies, texts
+
+
+class _Quoted(dict[str, str]):
+    """Producer and class names as JSON strings, each quoted once (a producer writes many records)."""
+
+    LIMIT = 65_536  # names kept at most: a runner makes a producer per call
+
+    def __missing__(self, name: str) -> str:
+        if len(self) >= self.LIMIT:
+            self.clear()
+        quoted = self[name] = _quote(name)
+        return quoted
+
+
+# A line's length beyond its body's JSON, about: for the window's bound on its size.
+_LINE_OVERHEAD = 96
+
+
+class _Lines:
+    """The stream lines of one commit, rendered when a follower first reads them.
+
+    Rendered once for every follower, and never for a commit nobody reads: from what the
+    commit inserted (its first envelope, its time, and the producers, seqs, classes and
+    bodies' JSON of its records), exactly as SQLite's ``_LINE_SQL`` renders them from the file.
+    """
+
+    __slots__ = ("_columns", "_lines", "at", "first", "size")
+
+    def __init__(
+        self,
+        first: int,
+        at: int,
+        columns: tuple[Sequence[Any], ...],
+        size: int,
+        lines: list[str] | None = None,
+    ) -> None:
+        self.first = first
+        self.at = at
+        self._columns = columns
+        self._lines = lines
+        self.size = size
+        """About the lines' total length."""
+
+    def __len__(self) -> int:
+        return len(self._lines if self._lines is not None else self._columns[0])
+
+    def render(self, quoted: _Quoted) -> list[str]:
+        """The lines, rendered now if they were not yet."""
+        if self._lines is None:
+            at_body = f',"at":{self.at},"body":'
+            self._lines = [
+                f'{{"envelope":{envelope},"producer":{quoted[producer]},"seq":{seq},'
+                f'"class":{quoted[cls]}{at_body}{text}}}'
+                for envelope, producer, seq, cls, text in zip(count(self.first), *self._columns, strict=False)
+            ]
+            self._columns = ()
+        return self._lines
+
+    def after(self, gone: int) -> _Lines:
+        """The lines after the first ``gone``."""
+        size = self.size - self.size * gone // len(self)
+        if self._lines is not None:
+            return _Lines(self.first + gone, self.at, (), size, self._lines[gone:])
+        return _Lines(self.first + gone, self.at, tuple(column[gone:] for column in self._columns), size)
 
 
 class _RecentLines:
@@ -478,32 +674,30 @@ class _RecentLines:
     def __init__(self, max_lines: int, max_bytes: int) -> None:
         self.max_lines = max_lines
         self.max_bytes = max_bytes
-        self._chunks: collections.deque[tuple[int, list[str], int]] = collections.deque()
+        self._chunks: collections.deque[tuple[int, _Lines]] = collections.deque()
         self._lines = 0
         self._bytes = 0
+        self._quoted = _Quoted()
 
-    def add(self, first: int, lines: list[str], size: int) -> None:
-        """Keep the lines of envelopes ``first``, ``first + 1``, ... (``size``: their total length)."""
+    def add(self, first: int, lines: _Lines) -> None:
+        """Keep the lines of envelopes ``first``, ``first + 1``, ..."""
         chunks = self._chunks
-        chunks.append((first, lines, size))
+        chunks.append((first, lines))
         self._lines += len(lines)
-        self._bytes += size
+        self._bytes += lines.size
         while len(chunks) > 1 and self._bytes > self.max_bytes:
-            _, old, old_size = chunks.popleft()
+            _, old = chunks.popleft()
             self._lines -= len(old)
-            self._bytes -= old_size
+            self._bytes -= old.size
         while self._lines > self.max_lines:
-            first, old, old_size = chunks.popleft()
+            first, old = chunks.popleft()
             excess = self._lines - self.max_lines
-            if excess >= len(old):
-                self._lines -= len(old)
-                self._bytes -= old_size
-                continue
-            # Only part of the oldest commit goes.
-            gone = sum(map(len, old[:excess]))
-            chunks.appendleft((first + excess, old[excess:], old_size - gone))
-            self._lines -= excess
-            self._bytes -= gone
+            self._lines -= min(excess, len(old))
+            self._bytes -= old.size
+            if excess < len(old):  # only part of the oldest commit goes
+                rest = old.after(excess)
+                chunks.appendleft((first + excess, rest))
+                self._bytes += rest.size
 
     def get(self, after: int, limit: int) -> list[tuple[int, str]] | None:
         """Up to ``limit`` ``(envelope, line)`` pairs after ``after``; None if they start before the window."""
@@ -517,8 +711,8 @@ class _RecentLines:
         found: list[tuple[int, str]] = []
         start = after + 1 - chunks[i][0]
         while i < len(chunks) and len(found) < limit:
-            first, lines, _ = chunks[i]
-            part = lines[start : start + limit - len(found)]
+            first, lines = chunks[i]
+            part = lines.render(self._quoted)[start : start + limit - len(found)]
             found.extend(zip(range(first + start, first + start + len(part)), part, strict=True))
             start = 0
             i += 1
@@ -554,7 +748,7 @@ class Journal:
         self._readers = ReaderPool(readers)
         # Appends made during one pass of the Trio scheduler gather here, and go to the writer
         # thread's queue together once the pass is over (see _hand_over).
-        self._gathering: list[_Pending] = []
+        self._gathering: list[_Request] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._head = writer.head
         self.commits = 0
@@ -608,16 +802,37 @@ class Journal:
         if self._closed:
             await trio.lowlevel.checkpoint()
             raise JournalClosed("the journal is closed")
-        for name in (producer, cls):
-            # A lone surrogate would fail the whole transaction in SQLite: fail only this append.
-            name.encode("utf-8")
-        encoded = _encode({k: v for k, v in body.items() if k != "type"}) if stamp else _encode(body)
-        if not encoded.startswith("{"):
-            raise TypeError("a record's body must be a JSON object")
-        pending = _Pending(producer, cls, body, encoded, stamp, closes, trio.lowlevel.current_task())
-        self._gathering.append(pending)
-        record: Record = await trio.lowlevel.wait_task_rescheduled(pending.abandon)
+        request = _Request((_row(producer, cls, body, stamp, closes),), trio.lowlevel.current_task())
+        self._gathering.append(request)
+        await trio.lowlevel.wait_task_rescheduled(request.abandon)
+        record: Record = request.result
         return record
+
+    async def append_many(self, entries: Sequence[Entry]) -> list[Record]:
+        """Write several records in one transaction and return them, in order, once durable.
+
+        For a caller that has several records at once: they commit together (all or none)
+        with one fsync, and the caller waits once, where appending them one by one waits
+        for a commit each. Records of other appenders may come between them; each
+        producer's seq stays gapless. Cancellation is as for :meth:`append`.
+
+        Raises:
+            JournalClosed: The journal is shutting down.
+            TypeError, ValueError: An entry's body or name, as for :meth:`append`; then
+                none of them is written.
+            JournalWriteFailed: The transaction failed; none of them was written.
+        """
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            raise JournalClosed("the journal is closed")
+        rows = tuple(_row(e.producer, e.cls, e.body, e.stamp, e.closes) for e in entries)
+        if not rows:
+            await trio.lowlevel.checkpoint()
+            return []
+        request = _Request(rows, trio.lowlevel.current_task())
+        self._gathering.append(request)
+        await trio.lowlevel.wait_task_rescheduled(request.abandon)
+        return [request.result] if len(rows) == 1 else request.result
 
     async def serve_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the writer thread until the journal closes.
@@ -675,7 +890,7 @@ class Journal:
             # Run after every _committed above (run_sync_soon keeps order).
             token.run_sync_soon(self._writer_stopped)
 
-    def _take_queued(self, into: list[_Pending]) -> bool:
+    def _take_queued(self, into: list[_Request]) -> bool:
         """Move the appends queued for the writer into ``into``; True once the stop was among them."""
         while True:
             try:
@@ -686,7 +901,7 @@ class Journal:
                 return True
             into.extend(item)
 
-    def _committed(self, batch: list[_Pending], result: outcome.Outcome[Any], seconds: float = 0.0) -> None:
+    def _committed(self, batch: list[_Request], result: outcome.Outcome[Any], seconds: float = 0.0) -> None:
         """In the Trio thread, once a batch committed (or failed): wake followers, then appenders."""
         if isinstance(result, outcome.Error):
             if self.write_error is None:
@@ -694,25 +909,26 @@ class Journal:
             self.write_error = str(result.error)
             # An outcome is unwrapped once, and an exception raised in several tasks would
             # gather all their tracebacks: each appender gets its own copy.
-            for item in batch:
-                if item.task is not None:
-                    trio.lowlevel.reschedule(item.task, outcome.Error(copy.copy(result.error)))
+            for request in batch:
+                if request.task is not None:
+                    trio.lowlevel.reschedule(request.task, outcome.Error(copy.copy(result.error)))
             return
-        records, lines, size = result.unwrap()
+        records, lines = result.unwrap()
         if self.write_error is not None:
             log.warning("journal %s writes again (after: %s)", self.path, self.write_error)
             self.write_error = None
         # Followers read the newest lines from memory: one SQL read per commit, not per follower.
-        self._recent.add(records[0].envelope, lines, size)
+        self._recent.add(records[0].envelope, lines)
         self._head = records[-1].envelope
         self.commits += 1
         if self.on_commit is not None:
             self.on_commit(len(records), seconds)
         self._changed.set()
         self._changed = trio.Event()
-        for item, record in zip(batch, records, strict=True):
-            if item.task is not None:
-                trio.lowlevel.reschedule(item.task, outcome.Value(record))
+        for request, got in zip(batch, _results(batch, records), strict=True):
+            request.result = got
+            if request.task is not None:
+                trio.lowlevel.reschedule(request.task, _WOKEN)
 
     def _writer_stopped(self) -> None:
         # Nothing should be left, but a writer thread that died must not leave appenders waiting.

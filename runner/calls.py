@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 import attrs
 import trio
 
-from journal import Journal, JournalClosed, JournalWriteFailed, now_ms
+from journal import Entry, Journal, JournalClosed, JournalWriteFailed, now_ms
 
 from .config import Config, Mode
 from .errors import (
@@ -91,6 +91,11 @@ class CallContext:
     configuration_version: int | None = None
 
 
+def _event_body(name: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A conversation event's body; the journal stamps its seq and at in after the type."""
+    return {"type": "event", "name": name, "payload": dict(payload)}
+
+
 class CallRecord:
     """Writes one call's records: its producer is the session id."""
 
@@ -101,11 +106,7 @@ class CallRecord:
     async def event(self, name: str, payload: Mapping[str, Any], *, closes: bool = False) -> None:
         """A conversation event: ``{type:"event", seq, at, name, payload}``."""
         await self.journal.append(
-            self.session_id,
-            "conversation",
-            {"type": "event", "name": name, "payload": dict(payload)},
-            stamp=True,
-            closes=closes,
+            self.session_id, "conversation", _event_body(name, payload), stamp=True, closes=closes
         )
 
     async def write(self, cls: str, body: Mapping[str, Any]) -> int:
@@ -800,6 +801,12 @@ class Runner:
 async def close_open_calls(journal: Journal) -> list[str]:
     """End the record of every call a crash left open, so no conversation stays truncated."""
     open_calls = await journal.open_producers(exclude=["runner"])
-    for session_id in open_calls:
-        await CallRecord(journal, session_id).event("curb.ended", {"reason": END_REASON_CRASHED}, closes=True)
+    # One transaction for them all: one fsync, however many calls the crash left open.
+    ended = _event_body("curb.ended", {"reason": END_REASON_CRASHED})
+    await journal.append_many(
+        [
+            Entry(producer=session_id, cls="conversation", body=ended, stamp=True, closes=True)
+            for session_id in open_calls
+        ]
+    )
     return open_calls

@@ -9,7 +9,16 @@ import pytest
 import trio
 import trio.testing
 
-from journal import CursorAhead, CursorTooOld, JournalClosed, JournalFile, JournalWriteFailed, open_journal
+from journal import (
+    CursorAhead,
+    CursorTooOld,
+    Entry,
+    JournalClosed,
+    JournalFile,
+    JournalWriteFailed,
+    Record,
+    open_journal,
+)
 
 
 async def test_concurrent_appends_are_gapless_and_seq_is_per_producer(tmp_path: Path) -> None:
@@ -307,3 +316,72 @@ async def test_commits_counts_transactions(tmp_path: Path) -> None:
         assert journal.head == 51
         # Fifty appenders that queued together share far fewer than fifty fsyncs.
         assert 2 <= journal.commits <= 10
+
+
+async def test_append_many_commits_its_records_in_one_transaction_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path) as journal:
+        await journal.append("a", "c", {"n": 0})
+        commits = journal.commits
+        entries = [
+            Entry(producer="a", cls="c", body={"n": 1}),
+            Entry(producer="b", cls="conversation", body={"type": "event", "name": "x"}, stamp=True),
+            Entry(producer="a", cls="c", body={"n": 2}, closes=True),
+        ]
+        records = await journal.append_many(entries)
+        assert journal.commits == commits + 1  # one fsync for the three
+        assert [(r.envelope, r.producer, r.seq) for r in records] == [(2, "a", 2), (3, "b", 1), (4, "a", 3)]
+        assert records[1].body == {"type": "event", "seq": 1, "at": records[1].at, "name": "x"}
+        # What append_many returned is what the file holds.
+        assert await journal.read(1) == records
+        assert await journal.open_producers() == ["b"]
+        assert await journal.append_many([]) == []
+        assert journal.commits == commits + 1
+
+
+async def test_append_many_beside_appends_keeps_every_producer_gapless(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        got: list[list[Record]] = []
+
+        async def many(k: int) -> None:
+            entries = [Entry(producer=f"p{(k + i) % 3}", cls="c", body={"k": k, "i": i}) for i in range(4)]
+            got.append(await journal.append_many(entries))
+
+        async with trio.open_nursery() as nursery:
+            for k in range(10):
+                nursery.start_soon(many, k)
+                nursery.start_soon(journal.append, f"p{k % 3}", "c", {"single": k})
+        records = await journal.read(0, 100)
+    assert [r.envelope for r in records] == list(range(1, 51))
+    for producer in ("p0", "p1", "p2"):
+        seqs = [r.seq for r in records if r.producer == producer]
+        assert seqs == list(range(1, len(seqs) + 1))
+    # Each call's records came back in the order given.
+    for batch in got:
+        assert [r.body["i"] for r in batch] == [0, 1, 2, 3]
+        assert [r.envelope for r in batch] == sorted(r.envelope for r in batch)
+
+
+async def test_append_many_with_one_bad_entry_writes_none_of_them(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "j.db") as journal:
+        good = Entry(producer="p", cls="c", body={"ok": True})
+        with pytest.raises(ValueError):
+            await journal.append_many([good, Entry(producer="p", cls="c", body={"x": float("inf")})])
+        with pytest.raises(TypeError):
+            await journal.append_many([good, Entry(producer="p", cls="c", body={"no": "type"}, stamp=True)])
+        assert journal.head == 0
+        assert await journal.read(0) == []
+
+
+async def test_a_failed_append_many_writes_none_of_its_records(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path) as journal:
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN IMMEDIATE")
+        journal._writer.conn.execute("PRAGMA busy_timeout = 50")
+        with pytest.raises(JournalWriteFailed):
+            await journal.append_many([Entry(producer="p", cls="c", body={"n": n}) for n in range(3)])
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        records = await journal.append_many([Entry(producer="p", cls="c", body={"n": n}) for n in range(2)])
+    assert [(r.envelope, r.seq) for r in records] == [(1, 1), (2, 2)]
