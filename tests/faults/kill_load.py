@@ -212,8 +212,10 @@ class KillTrials:
                 self._stack = stack
                 yield self
             finally:
-                followers.cancel_scope.cancel()
+                # The runner first: stopped inside a cancelled scope, its Cancelled would
+                # replace (and so hide) whatever ended the trials.
                 await self._stack.__aexit__(None, None, None)
+                followers.cancel_scope.cancel()
 
     async def trial(
         self, kill_after_s: float, *, beside: Callable[[RunnerProcess], Awaitable[None]] | None = None
