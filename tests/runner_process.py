@@ -117,6 +117,7 @@ async def start_runner(
     stdin: bool = False,
     cwd: Path | None = None,
     prefix: Sequence[str] = (),
+    ready_timeout: float = 30,
 ) -> AsyncIterator[RunnerProcess]:
     """Start ``runner COMMAND AGENT`` on a free loopback port; stop it (by pid) on exit.
 
@@ -142,7 +143,8 @@ async def start_runner(
         try:
             if wait_ready:
                 await runner.wait_for(
-                    lambda: any(line.startswith(READY_PREFIX) for line in runner.stdout), timeout=30
+                    lambda: any(line.startswith(READY_PREFIX) for line in runner.stdout),
+                    timeout=ready_timeout,
                 )
                 runner.address = runner.lifecycle[[e["event"] for e in runner.lifecycle].index("ready")][
                     "address"

@@ -180,6 +180,7 @@ class KillTrials:
             str(self.retention),
             agent=AGENT,
             env={"CURB_API_KEY": API_KEY},
+            ready_timeout=120,  # hundreds of restarts meet the machine at its busiest
         ) as runner:
             self.runner = runner
             yield runner
