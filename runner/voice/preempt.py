@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
+from typing import Generic, TypeVar
 
 import trio
 
@@ -26,6 +27,51 @@ from .listener import Utterance
 
 __all__ = ["PreSpoken", "Preempted", "PrefetchedReply", "Speculation", "early_messages"]
 
+T = TypeVar("T")
+
+
+class _Tape(Generic[T]):
+    """What a producer wrote so far, kept for one reader that replays it and follows it live."""
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self.error: ProviderError | None = None
+        self.finished = False
+        self._changed = trio.Event()
+
+    def wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def append(self, item: T) -> None:
+        self.items.append(item)
+        self.wake()
+
+    def finish(self, error: ProviderError | None = None) -> None:
+        if not self.finished:
+            self.error = error
+            self.finished = True
+            self.wake()
+
+    async def replay(self, stopped: Callable[[], bool] = lambda: False) -> AsyncIterator[T]:
+        """The items so far, then the rest as they come; ``stopped``: the producer was cancelled.
+
+        Raises:
+            ProviderError: what the producer failed with, or ``provider_failed`` once stopped.
+        """
+        sent = 0
+        while True:
+            while sent < len(self.items):
+                sent += 1
+                yield self.items[sent - 1]
+            if stopped():
+                raise ProviderError("provider_failed", "the early request was cancelled")
+            if self.finished:
+                if self.error is not None:
+                    raise self.error
+                return
+            await self._changed.wait()
+
 
 class EarlySpeech:
     """The audio of a reply's first sentence, synthesized before the turn asked for it."""
@@ -33,43 +79,26 @@ class EarlySpeech:
     def __init__(self, tts: TTS, text: str) -> None:
         self.tts = tts
         self.text = text
-        self._pcm: list[bytes] = []
-        self._error: ProviderError | None = None
-        self._finished = False
-        self._changed = trio.Event()
+        self._pcm = _Tape[bytes]()
         self.taken = False
 
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
     async def run(self) -> None:
+        error = None
         try:
             async with aclosing(self.tts.synthesize(self.text)) as audio:  # type: ignore[type-var]  # the TTS Protocol promises an AsyncIterator; every provider's synthesize is an async generator, which aclosing needs
                 async for pcm in audio:
-                    if not self._pcm:
+                    if not self._pcm.items:
                         mark("tts_first_audio_early")
                     self._pcm.append(pcm)
-                    self._wake()
         except ProviderError as exc:
-            self._error = exc
+            error = exc
         finally:
-            self._finished = True
-            self._wake()
+            self._pcm.finish(error)
 
-    async def replay(self) -> AsyncIterator[bytes]:
+    def replay(self) -> AsyncIterator[bytes]:
         """The audio so far, then the rest as it comes."""
         self.taken = True
-        sent = 0
-        while True:
-            while sent < len(self._pcm):
-                sent += 1
-                yield self._pcm[sent - 1]
-            if self._finished:
-                if self._error is not None:
-                    raise self._error
-                return
-            await self._changed.wait()
+        return self._pcm.replay()
 
 
 class PrefetchedReply:
@@ -87,11 +116,8 @@ class PrefetchedReply:
         self.tts = tts
         #: The first sentence's audio, once the request has written that sentence (with ``tts``).
         self.speech: EarlySpeech | None = None
-        self._events: list[LLMEvent] = []
-        self._error: ProviderError | None = None
-        self._finished = False
+        self._events = _Tape[LLMEvent]()
         self._cancelled = False
-        self._changed = trio.Event()
         self._scope = trio.CancelScope()
         self.taken = False
 
@@ -107,11 +133,7 @@ class PrefetchedReply:
         """Stop the request (if it still runs); a later turn asks the model afresh."""
         self._cancelled = True
         self._scope.cancel()
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        self._events.wake()
 
     async def run(self) -> None:
         """Stream the reply into memory until it ends, fails or is cancelled; and synthesize
@@ -134,15 +156,13 @@ class PrefetchedReply:
                                 # A tool call or the usage: the round's words are all written.
                                 self._speak_early(chunker.flush(), nursery)
                             self._events.append(event)
-                            self._wake()
                     if chunker is not None:
                         self._speak_early(chunker.flush(), nursery)
                 except ProviderError as exc:
-                    self._error = exc
-                self._finished = True
-                self._wake()
-        self._finished = True
-        self._wake()
+                    self._events.finish(exc)
+                # Finished before its early speech is: a turn reads the rest without waiting.
+                self._events.finish()
+        self._events.finish()
 
     def _speak_early(self, pieces: list[str], nursery: trio.Nursery) -> None:
         if self.speech is None and pieces and self.tts is not None:
@@ -152,22 +172,12 @@ class PrefetchedReply:
     async def replay(self) -> AsyncIterator[LLMEvent]:
         """What the request streamed so far, then the rest as it comes."""
         self.taken = True
-        sent = 0
         try:
-            while True:
-                while sent < len(self._events):
-                    sent += 1
-                    yield self._events[sent - 1]
-                if self._cancelled:
-                    raise ProviderError("provider_failed", "the early model request was cancelled")
-                if self._finished:
-                    if self._error is not None:
-                        raise self._error
-                    return
-                await self._changed.wait()
+            async for event in self._events.replay(lambda: self._cancelled):
+                yield event
         finally:
             # A turn that stops reading (cancelled, barged in) stops the request too.
-            if not self._finished:
+            if not self._events.finished:
                 self.cancel()
 
 
