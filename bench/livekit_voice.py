@@ -91,21 +91,40 @@ FULL = Profile(
 )
 
 
-def _rss_mb(journal: Path) -> float | None:
-    """The runner's resident memory: the process whose command line names its journal."""
+def _runner_pid(journal: Path) -> str | None:
+    """The runner's process: the one whose command line names its journal."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            if b"runner" not in cmdline or os.fsencode(journal) not in cmdline or cmdline[0].endswith(b"ip"):
-                continue
-            for line in Path(f"/proc/{entry}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
         except OSError:
             continue
+        if b"runner" in cmdline and os.fsencode(journal) in cmdline and not cmdline[0].endswith(b"ip"):
+            return entry
     return None
+
+
+def _rss_mb(journal: Path) -> float | None:
+    """The runner's resident memory."""
+    pid = _runner_pid(journal)
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines() if pid else ():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_s(journal: Path) -> float | None:
+    """The CPU time the runner has used (user and system, all its threads), in seconds."""
+    pid = _runner_pid(journal)
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() if pid else None
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else None
 
 
 def stages(
@@ -200,7 +219,12 @@ _RUNNER_ARGS = ("--log-level", "debug", "--public-address", "127.0.0.1:0")
 
 
 async def latency(
-    env: LiveKitEnv, workdir: Path, agents: tuple[str, ...], profile: Profile, sentence: Sentence
+    env: LiveKitEnv,
+    workdir: Path,
+    agents: tuple[str, ...],
+    profile: Profile,
+    sentence: Sentence,
+    before: Path | None = None,
 ) -> dict[str, Turns]:
     """``profile.latency_calls`` calls per agent, each agent on a runner of its own; the agents
     take turns call by call, so a change of the machine's load meets each alike."""
@@ -208,7 +232,13 @@ async def latency(
     async with AsyncExitStack() as stack:
         hosts = {
             agent: await stack.enter_async_context(
-                open_runner(env, workdir / f"{agent}.db", *_RUNNER_ARGS, agent=f"{AGENTS}:{agent}")
+                open_runner(
+                    env,
+                    workdir / f"{agent}.db",
+                    *_RUNNER_ARGS,
+                    agent=f"{AGENTS}:{agent.removesuffix(BEFORE)}",
+                    **({"source": before} if agent.endswith(BEFORE) and before else {}),
+                )
             )
             for agent in agents
         }
@@ -250,6 +280,7 @@ async def concurrency(
             rss_during: list[float] = []
 
             began = time.perf_counter()
+            cpu_before = _cpu_s(journal)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_sample_memory, journal, started, rss_during)
                 for i in range(n):
@@ -266,6 +297,8 @@ async def concurrency(
                             failures=failures,
                         )
                     )
+            cpu_after = _cpu_s(journal)
+            wall = time.perf_counter() - began
             stats = summarize(out.latencies, scale=1000)
             level = {
                 "calls": n,
@@ -274,7 +307,9 @@ async def concurrency(
                 "runner_rss_mb": rss_during[0] if rss_during else None,
                 "runner_rss_idle_mb": idle_mb,
                 "memory_per_call_mb": (rss_during[0] - idle_mb) / n if rss_during and idle_mb else None,
-                "seconds": time.perf_counter() - began,
+                "seconds": wall,
+                # The runner's CPU use while the level ran, in cores (of its own process alone).
+                "runner_cores": (cpu_after - cpu_before) / wall if cpu_after and cpu_before else None,
                 "failed_calls": failures,
             }
             levels.append(level)
@@ -306,9 +341,13 @@ AGENT_NAMES = {
     "old": "old (energy VAD, pocketsphinx, espeak)",
     "new": "new (Silero, Whisper at pauses, hibari)",
 }
+# ``--before PATH`` also times the new agent as the runner checked out at PATH serves it.
+BEFORE = "@before"
 
 
-async def run(profile: Profile, agents: tuple[str, ...], levels: tuple[int, ...]) -> dict[str, Any]:
+async def run(
+    profile: Profile, agents: tuple[str, ...], levels: tuple[int, ...], before: Path | None = None
+) -> dict[str, Any]:
     binary = find_livekit_server()
     if binary is None:
         raise SystemExit("livekit-server not found: run .ci/install-livekit-server")
@@ -329,7 +368,7 @@ async def run(profile: Profile, agents: tuple[str, ...], levels: tuple[int, ...]
             sentence = await sentence_file(workdir, lead_s=LEAD_S)
             with trio.move_on_after(profile.seconds):
                 if agents:
-                    result |= await latency(env, workdir, agents, profile, sentence)
+                    result |= await latency(env, workdir, agents, profile, sentence, before)
                 if levels:
                     await concurrency(env, workdir, profile, sentence, result["concurrency"])
         finally:
@@ -343,7 +382,8 @@ async def run(profile: Profile, agents: tuple[str, ...], levels: tuple[int, ...]
         "seconds": time.perf_counter() - began,
         "machine": machine_info(),
         "parameters": attrs.asdict(profile)
-        | {"sentence": SENTENCE, "caller_voice": VOICE, "end_of_turn_ms": 500, "agents": list(agents)},
+        | {"sentence": SENTENCE, "caller_voice": VOICE, "end_of_turn_ms": 500, "agents": list(agents)}
+        | {"before": str(before) if before else None},
         "load_average_at_start": list(load_at_start),
         "load_average_at_end": list(os.getloadavg()),
         "latency_ms": {agent: summarize(result[agent].latencies, scale=1000) for agent in agents},
@@ -362,16 +402,24 @@ def main() -> None:
         "--agents", default=",".join(AGENT_NAMES), help=f"agents to time, of {', '.join(AGENT_NAMES)}"
     )
     parser.add_argument("--levels", help="calls at once to try, e.g. 1,2,4 (0: none); default the profile's")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a checkout of an older runner: also time the new agent as it serves it (new@before)",
+    )
     args = parser.parse_args()
     profile = QUICK if args.quick else FULL
     agents = tuple(a for a in args.agents.split(",") if a)
-    unknown = [a for a in agents if a not in AGENT_NAMES]
+    if args.before is not None:
+        agents += ("new" + BEFORE,)
+        AGENT_NAMES["new" + BEFORE] = f"new, as {args.before} serves it"
+    unknown = [a for a in agents if a.removesuffix(BEFORE) not in AGENT_NAMES]
     if unknown:
         parser.error(f"unknown agents {unknown}: choose of {', '.join(AGENT_NAMES)}")
     levels = (
         profile.levels if args.levels is None else tuple(int(n) for n in args.levels.split(",") if int(n))
     )
-    result = trio.run(run, profile, agents, levels)
+    result = trio.run(run, profile, agents, levels, args.before)
     path = write_results("livekit_voice", result)
     say(f"load average at start {result['load_average_at_start']}, at end {result['load_average_at_end']}")
     latency_ms = result["latency_ms"]
@@ -398,7 +446,16 @@ def main() -> None:
         ],
     )
     print_table(
-        ["calls at once", "turns", "p50 ms", "p99 ms", "runner RSS MB", "MB per call", "failed calls"],
+        [
+            "calls at once",
+            "turns",
+            "p50 ms",
+            "p99 ms",
+            "runner RSS MB",
+            "MB per call",
+            "runner cores",
+            "failed calls",
+        ],
         [
             [
                 level["calls"],
@@ -407,6 +464,7 @@ def main() -> None:
                 f"{level['end_of_speech_to_first_audio_ms'].get('p99', 0):.0f}",
                 f"{level['runner_rss_mb']:.0f}" if level["runner_rss_mb"] else "-",
                 f"{level['memory_per_call_mb']:.1f}" if level["memory_per_call_mb"] else "-",
+                f"{level['runner_cores']:.2f}" if level.get("runner_cores") else "-",
                 len(level["failed_calls"]),
             ]
             for level in result["concurrency"]

@@ -160,8 +160,12 @@ async def open_runner(
     agent: str | None = None,
     command: str = "serve",
     env: dict[str, str] | None = None,
+    source: Path = REPO,
 ) -> AsyncIterator[Host]:
-    """``runner COMMAND AGENT`` inside the namespace, ready; killed (by pid) on exit."""
+    """``runner COMMAND AGENT`` inside the namespace, ready; killed (by pid) on exit.
+
+    ``source``: the checkout whose ``runner`` runs (a benchmark may time an older one beside).
+    """
     argv = [
         sys.executable,
         "-m",
@@ -179,7 +183,7 @@ async def open_runner(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=livekit.env({"CURB_MANAGEMENT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1", **(env or {})}),
-        cwd=str(REPO),
+        cwd=str(source),
     )
     runner = RunnerProcess(process, journal)
     log = journal.with_suffix(".stderr")
