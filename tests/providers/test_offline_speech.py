@@ -1,6 +1,7 @@
 import itertools
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -217,29 +218,17 @@ def test_pocketsphinx_takes_only_english_and_known_rates() -> None:
 
 async def test_pocketsphinx_decodes_a_long_utterance_without_stalling_the_event_loop() -> None:
     # The decoder holds the GIL while it decodes; in a thread, this decode stopped every
-    # other task of the runner for over a second.
+    # other task of the runner for over a second. Off the process, it costs this process no
+    # CPU: counted in CPU time, which (unlike the loop's gaps) a loaded machine does not move.
     stt = PocketsphinxSTT()
     await stt.warm_up()
     pcm = await speak(EspeakTTS(CLEAR_VOICE), " ".join([SENTENCE] * 3))
-    gaps: list[float] = []
-
-    async def tick() -> None:
-        last = trio.current_time()
-        while True:
-            await trio.sleep(0.01)
-            now = trio.current_time()
-            gaps.append(now - last)
-            last = now
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(tick)
-        await trio.sleep(0.05)
-        heard = await stt.transcribe(pcm, 22_050)
-        nursery.cancel_scope.cancel()
-
+    cpu = time.process_time()
+    heard = await stt.transcribe(pcm, 22_050)
+    spent = time.process_time() - cpu
     assert len(overlap(heard.text)) >= 4, heard.text
-    assert len(gaps) > 20  # the decode took long enough to be a test
-    assert max(gaps) < 0.15
+    # The decode itself costs about 4 s of CPU (3.9 s measured in this process).
+    assert spent < 0.5, f"{spent:.2f} s of this process's CPU during the decode"
 
 
 async def test_pocketsphinx_streams_at_16000_hz() -> None:
