@@ -144,7 +144,11 @@ def _turns_at(profile: Profile, sockets: int) -> int:
 
 
 class RunnerProcess:
-    """``runner serve bench.websocket:AGENT`` on free loopback ports; stopped by its pid."""
+    """``runner serve bench.websocket:AGENT`` on free loopback ports; stopped by its pid.
+
+    Its stderr goes to a file, never a pipe nobody reads: with hundreds of calls its log
+    lines would fill a pipe and stop the runner's loop at its next write.
+    """
 
     def __init__(self, journal: Path, max_sessions: int) -> None:
         argv = [
@@ -168,21 +172,19 @@ class RunnerProcess:
             "CURB_MANAGEMENT_TOKEN": "bench",
             "PYTHONUNBUFFERED": "1",
         }
-        self.process = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
-        )
-        assert self.process.stderr is not None
+        self.log = journal.with_suffix(".log")
+        with self.log.open("w", encoding="utf-8") as log:
+            self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
         deadline = time.monotonic() + 60
         self.public = ""
-        for line in self.process.stderr:
-            if line.startswith(PUBLIC_LINE):
-                self.public = line.removeprefix(PUBLIC_LINE).strip()
-                break
-            if time.monotonic() > deadline:
-                break
+        while not self.public and time.monotonic() < deadline and self.process.poll() is None:
+            for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.startswith(PUBLIC_LINE):
+                    self.public = line.removeprefix(PUBLIC_LINE).strip()
+            time.sleep(0.05)
         if not self.public:
             self.stop()
-            raise RuntimeError("the runner did not start its public listener")
+            raise RuntimeError(f"the runner did not start its public listener (its log: {self.log})")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -192,8 +194,6 @@ class RunnerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self.process.stderr is not None:
-            self.process.stderr.close()
 
 
 async def _clients(
@@ -238,7 +238,7 @@ async def _clients(
             outputs[i] += chunk
 
     try:
-        with trio.fail_after(seconds + 300):
+        with trio.fail_after(seconds + 600):  # the set-up mints a key and a conversation per socket
             async with trio.open_nursery() as nursery:
                 for i, process in enumerate(processes):
                     nursery.start_soon(read, i, process)
@@ -529,7 +529,8 @@ async def measure_in_process_level(profile: Profile, sockets: int) -> dict[str, 
 # -- All levels, the three ways in turn -------------------------------------------------------
 
 
-async def measure(profile: Profile, data_dir: Path) -> list[dict[str, Any]]:
+async def measure(profile: Profile, data_dir: Path, failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every level the three ways; a level the socket side could not finish goes to ``failed``."""
     runner = RunnerProcess(data_dir / f"bench-ws-{os.getpid()}.db", max_sessions=max(profile.levels) + 5)
     levels: list[dict[str, Any]] = []
     try:
@@ -539,7 +540,13 @@ async def measure(profile: Profile, data_dir: Path) -> list[dict[str, Any]]:
         async with open_platform(profile, data_dir) as platform_level:
             for sockets in profile.levels:
                 say(f"  {sockets} socket(s): socket (load {os.getloadavg()[0]:.1f})")
-                socket = await measure_socket_level(runner, profile, sockets)
+                try:
+                    socket = await measure_socket_level(runner, profile, sockets)
+                except (RuntimeError, OSError, trio.TooSlowError) as exc:
+                    # Said in the results, and the curve stops there: more sockets fare no better.
+                    say(f"  {sockets} socket(s): failed: {exc!r}")
+                    failed.append({"sockets": sockets, "error": repr(exc)[:500]})
+                    break
                 say(f"  {sockets} socket(s): platform (load {os.getloadavg()[0]:.1f})")
                 start, own = cpu_sample(), _own_cpu_s()
                 samples = await platform_level(sockets, _turns_at(profile, sockets))
@@ -641,7 +648,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info(args.data_dir)
     say(f"{command}: {machine['cores']} cores, Python {machine['python']}")
     began = time.perf_counter()
-    levels = trio.run(measure, profile, args.data_dir)
+    failed: list[dict[str, Any]] = []
+    levels = trio.run(measure, profile, args.data_dir, failed)
     elapsed = time.perf_counter() - began
     for level in levels:
         level["ratios"] = _ratios(level)
@@ -671,6 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             " in_process: AgentRuntime.take_turn alone, times to the engine's first ReplyDelta / AudioData"
         ),
         "levels": levels,
+        "failed_levels": failed,
         "goals": goals,
         "table": [dict(zip(HEADERS, row, strict=True)) for row in rows],
     }
@@ -687,6 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"goal, first {name} at 50 sockets: socket / in-process at most {GOALS[metric]}x;"
             f" before {BEFORE[metric]}; now {got}"
         )
+    for level in failed:
+        print(f"{level['sockets']} sockets: not measured: {level['error']}")
     print(f"results: {path}")
     return 0
 
