@@ -137,7 +137,7 @@ SCENARIOS = (
     Scenario(
         name="fuzz",
         what="generated requests and frames against real runners: examples, violations (0)",
-        quick_s=110,
+        quick_s=140,
         full_s=700,
         limit_s=1500,
     ),
