@@ -29,6 +29,10 @@ PROTOCOL = "ino.v2"
 CODEC = "pcm_s16le"
 RATES_HZ = (8000, 16000, 22050, 24000, 44100)
 MAX_TEXT_CHARS = 32_000
+AGENT_STREAM_PATH = "/v1/agent/stream"
+# One recording's cap; past it the socket closes 4011 with this reason.
+MAX_RECORDING_BYTES = 10_000_000
+RECORDING_TOO_LONG = "the recording passed 10 MB: send long audio to POST /v1/transcriptions"
 MAX_RECORDING_ID_CHARS = 64
 MAX_APP_TOOLS = 50
 MAX_TOOL_ERROR_CHARS = 2000

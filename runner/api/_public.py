@@ -182,7 +182,7 @@ def create_public_app(service: AgentSocketService, *, playground: Playground | N
         end_user = await end_user_or_api_key()
         return _json(w.Relations(relations=await service.relations_for(end_user)))
 
-    @app.websocket("/v1/agent/stream")
+    @app.websocket(w.AGENT_STREAM_PATH)
     async def agent_stream() -> None:
         socket = websocket._get_current_object()  # type: ignore[attr-defined]  # Quart's LocalProxy has it at run time, undeclared; the socket must outlive the request context
         await service.serve_socket(_QuartSocket(socket), websocket.args.get("session_id"))

@@ -53,8 +53,10 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from wsproto.connection import ConnectionState as WebSocketState
-from wsproto.events import CloseConnection, Message, Ping
+from wsproto.events import BytesMessage, CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
+
+from ..ino_wire import AGENT_STREAM_PATH, RECORDING_TOO_LONG
 
 
 @attrs.frozen(kw_only=True)
@@ -284,7 +286,7 @@ class _WSStream(WSStream):
                 try:
                     self.buffer.extend(event)
                 except FrameTooLargeError:
-                    await self._send_wsproto_event(CloseConnection(code=CloseReason.MESSAGE_TOO_BIG))
+                    await self._send_wsproto_event(_too_big(self.scope["path"], event))
                     break
                 if event.message_finished:
                     assert self.app_put is not None
@@ -298,6 +300,15 @@ class _WSStream(WSStream):
                 elif self.connection.state is WebSocketState.OPEN:
                     await self._send_wsproto_event(event)  # a frame that could not be parsed
                 await self.send(StreamClosed(stream_id=self.stream_id))
+
+
+def _too_big(path: str, message: Message[Any]) -> CloseConnection:
+    # On the agent socket a binary message is audio, and one past the listener's message limit
+    # (16 MiB) is past the seed's 10 MB recording cap too: that closes 4011, as the driver's own
+    # count does for a recording that grows past it.
+    if path == AGENT_STREAM_PATH and isinstance(message, BytesMessage):
+        return CloseConnection(code=4011, reason=RECORDING_TOO_LONG)
+    return CloseConnection(code=CloseReason.MESSAGE_TOO_BIG)
 
 
 # Hypercorn's protocols name the stream class they build: every listener of this process

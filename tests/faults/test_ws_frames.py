@@ -6,9 +6,13 @@ the client then cannot tell a broken frame from a broken network.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
+import trio
+
+from runner.ino_wire import RECORDING_TOO_LONG
 
 from ..websocket.ino_client import start_ino_runner
 from ._raw import BINARY, PING, TEXT, open_raw_socket, ws_frame
@@ -52,6 +56,16 @@ async def test_an_unparsable_frame_is_answered_with_its_close_code(tmp_path: Pat
                     await raw.auth(token, session)
                 await raw.send_frame(frame)
                 assert (await raw.closed())[0] == code, frame[:40]
+        # One message past the listener's 16 MiB limit: as audio it is past the 10 MB recording
+        # cap too (4011, the seed's code; Hypercorn alone closed 1009), as text it is too big (1009).
+        too_big = 16 * 1024 * 1024 + 1
+        for opcode, code in ((BINARY, 4011), (TEXT, 1009)):
+            token, session = await api.person()
+            async with open_raw_socket(addresses.public, f"/v1/agent/stream?session_id={session}") as raw:
+                await raw.auth(token, session)
+                with contextlib.suppress(trio.BrokenResourceError):  # it may close before the end
+                    await raw.send_frame(ws_frame(opcode, b"\0" * too_big))
+                assert (await raw.closed()) == (code, RECORDING_TOO_LONG if code == 4011 else ""), opcode
         # Before auth as well, and the socket's neighbours are unharmed.
         async with open_raw_socket(addresses.public, "/v1/agent/stream?session_id=x") as raw:
             await raw.send_frame(ws_frame(BINARY, b"", masked=False))

@@ -23,7 +23,6 @@ log = logging.getLogger("runner.websocket")
 SCHEME = "ino"
 AUTH_TIMEOUT_S = 10.0
 DEFAULT_IDLE_SECONDS = 300
-MAX_RECORDING_BYTES = 10_000_000
 MAX_TRANSCRIBING = 3
 # Frames queued for a client that has not read them yet; past it the socket closes with 4006
 # (the default of AgentSocketSetup.max_unsent_bytes, --agent-max-unsent-bytes).

@@ -21,7 +21,6 @@ from ._common import (
     _UNWIND_S,
     AUTH_TIMEOUT_S,
     CONFLICT,
-    MAX_RECORDING_BYTES,
     MAX_TRANSCRIBING,
     NOT_WAITING,
     CloseSocket,
@@ -479,8 +478,8 @@ class Connection:
         recording = self.recording
         if recording is None:
             raise CloseSocket(4011, "binary audio with no user_audio.start before it")
-        if len(recording.audio) + len(data) > MAX_RECORDING_BYTES:
-            raise CloseSocket(4011, "the recording passed 10 MB: send long audio to POST /v1/transcriptions")
+        if len(recording.audio) + len(data) > w.MAX_RECORDING_BYTES:
+            raise CloseSocket(4011, w.RECORDING_TOO_LONG)
         recording.audio += data
         if recording.feed is not None:
             recording.feed.send_nowait(data)
