@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,9 +26,8 @@ from typing import Any
 
 import trio
 
+from . import _callgrind
 from ._common import freeze_heap_as_the_runner_does, machine_info, say, write_results
-
-TOTALS = re.compile(rb"^totals:\s+(\d+)", re.MULTILINE)
 
 
 async def _probe(level: int, probes: int, data_dir: Path) -> None:
@@ -47,39 +42,17 @@ async def _probe(level: int, probes: int, data_dir: Path) -> None:
             await api.start(f"again-{i}")
             await api.stop(f"again-{i}")
         gc.collect()
-        toggle = ["callgrind_control", "-i"]
-        await trio.run_process([*toggle, "on", str(os.getpid())], capture_stdout=True)
-        for i in range(probes):
-            await api.start(f"probe-{i}")
-            await api.stop(f"probe-{i}")
-        await trio.run_process([*toggle, "off", str(os.getpid())], capture_stdout=True)
+        async with _callgrind.counting():
+            for i in range(probes):
+                await api.start(f"probe-{i}")
+                await api.stop(f"probe-{i}")
 
 
 def _count(level: int, probes: int, data_dir: Path) -> int:
     """Run one level under callgrind; return the instructions it counted while switched on."""
-    out = data_dir / f"callgrind-{level}-{os.getpid()}.out"
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        f"--callgrind-out-file={out}",
-        sys.executable,
-        "-m",
-        "bench.calls_instructions",
-        "--child",
-        str(level),
-        "--probes",
-        str(probes),
-        "--data-dir",
-        str(data_dir),
-    ]
-    subprocess.run(command, check=True, capture_output=True, timeout=3600)
-    try:
-        found = TOTALS.search(out.read_bytes())
-        assert found, f"no totals in {out}"
-        return int(found.group(1))
-    finally:
-        out.unlink(missing_ok=True)
+    args = ["--child", str(level), "--probes", str(probes), "--data-dir", str(data_dir)]
+    instructions: int = _callgrind.count("bench.calls_instructions", args, data_dir)["instructions"]
+    return instructions
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         freeze_heap_as_the_runner_does()
         trio.run(_probe, args.child, args.probes, args.data_dir)
         return 0
-    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
-        reason = "valgrind is not installed (apt-get install valgrind)"
+    reason = _callgrind.missing()
+    if reason:
         say(reason)
         write_results("calls_instructions", {"benchmark": "calls_instructions", "skipped": reason})
         return 0

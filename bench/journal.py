@@ -27,6 +27,7 @@ import math
 import os
 import queue
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -44,6 +45,7 @@ from runner.config import Config
 from runner.replay import replay as run_replay
 from runner.runtime import serve_runner
 
+from ._callgrind import source_tree
 from ._common import (
     ENVELOPE_PREFIX,
     Budget,
@@ -331,6 +333,91 @@ def measure_appends(profile: Profile, data_dir: Path) -> dict[str, Any]:
         f"  thread hand-off round trip (the floor one producer pays per append): p50 {fmt(hand_off['p50'])} µs"
     )
     return {"by_producers": rows, "raw_fixed_batches": fixed, "hand_off_round_trip_us": hand_off}
+
+
+_TRIAL_IN_A_PROCESS = """
+import json, sys, trio
+from functools import partial
+from pathlib import Path
+from bench._common import freeze_heap_as_the_runner_does
+from bench.journal import _journal_trial
+freeze_heap_as_the_runner_does()
+path, producers, records, seconds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+print(json.dumps(trio.run(partial(_journal_trial, path, producers=producers, records=records, seconds=seconds))))
+"""
+
+
+def _journal_trial_in(
+    tree: Path, path: Path, *, producers: int, records: int, seconds: float
+) -> dict[str, Any]:
+    """One append trial in a process of its own, importing the journal (and this trial) from ``tree``."""
+    done = subprocess.run(
+        [sys.executable, "-c", _TRIAL_IN_A_PROCESS, str(path), str(producers), str(records), str(seconds)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+    )
+    got: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return got
+
+
+def measure_before(profile: Profile, data_dir: Path, rev: str) -> dict[str, Any]:
+    """The append trials of this build and of commit ``rev``, paired, each against raw at its group size.
+
+    Both builds run the same trial in a process of their own (so neither is warmer), in
+    alternating order, each followed at once by its raw trial.
+    """
+    rows = []
+    with source_tree(rev) as old_tree:
+        for producers in [p for p in profile.producers if p >= 50]:
+            records = max(profile.append_records, 20 * producers)
+            trials = []
+            for rep in range(profile.append_reps):
+                pair: dict[str, Any] = {}
+                builds = [("now", _ROOT), ("before", old_tree)]
+                for name, tree in builds if rep % 2 == 0 else builds[::-1]:
+                    with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
+                        got = _journal_trial_in(
+                            tree,
+                            Path(tmp, "journal.db"),
+                            producers=producers,
+                            records=records,
+                            seconds=profile.append_seconds,
+                        )
+                    with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
+                        raw = _raw_trial(
+                            Path(tmp, "raw.db"),
+                            batch=max(1, round(got["group_size"] or 1)),
+                            producers=producers,
+                            records=got["records"],
+                            seconds=profile.append_seconds,
+                        )
+                    pair[name] = {
+                        "journal": got,
+                        "raw": raw,
+                        "ratio": got["records_per_s"] / raw["records_per_s"],
+                    }
+                pair["now_over_before"] = (
+                    pair["now"]["journal"]["records_per_s"] / pair["before"]["journal"]["records_per_s"]
+                )
+                trials.append(pair)
+                say(
+                    f"  append P={producers:<4} rep {rep + 1}: this build {fmt(pair['now']['ratio'])} of raw,"
+                    f" {rev} {fmt(pair['before']['ratio'])} of raw (load {os.getloadavg()[0]:.1f})"
+                )
+            rows.append(
+                {
+                    "producers": producers,
+                    "ratio_now": median(t["now"]["ratio"] for t in trials),
+                    "ratio_before": median(t["before"]["ratio"] for t in trials),
+                    "now_over_before": median(t["now_over_before"] for t in trials),
+                    "trials": trials,
+                }
+            )
+    return {"rev": rev, "by_producers": rows}
 
 
 # -- 2-4. the stream, on a real runner ----------------------------------------------------------
@@ -786,6 +873,8 @@ def _table(appends: dict[str, Any], runner: dict[str, Any]) -> list[list[str]]:
                 ]
             )
     replay = runner["replay"]
+    if not replay:  # --appends-only
+        return rows
     rows.append(
         [
             f"replay {replay['window_records']} records via stream, rec/s",
@@ -826,12 +915,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Path(tempfile.gettempdir()),
         help="where the SQLite files go; it must be a real disk for the fsync figures to mean anything",
     )
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="also time the appends of this commit's journal, paired with this build's (50 producers and up)",
+    )
+    parser.add_argument("--appends-only", action="store_true", help="skip the stream, latency and replay")
     args = parser.parse_args(argv)
     heap = freeze_heap_as_the_runner_does()
     profile = QUICK if args.quick else FULL
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.journal" + (" --quick" if args.quick else "")
+    command = " ".join(["python -m bench.journal", *(argv if argv is not None else sys.argv[1:])])
     machine = machine_info(data_dir)
     say(
         f"{command}: {machine['cores']} cores, Python {machine['python']}, SQLite {machine['sqlite']},"
@@ -849,17 +944,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     second = cpu_sample()
     say("   " + _load_note(cpu_report(first, second)))
 
-    say("2-4. stream throughput, latency and replay on an in-process runner")
-    with contextlib.redirect_stdout(io.StringIO()):  # the runner's lifecycle lines
-        runner_raw = trio.run(_measure_runner, profile, data_dir)
+    loadavg = [os.getloadavg()]
+    before = None
+    if args.before:
+        say(f"1b. appends of this build and of {args.before}, each in a process of its own")
+        before = measure_before(profile, data_dir, args.before)
+        loadavg.append(os.getloadavg())
+        second = cpu_sample()
+    runner_raw: dict[str, Any] = {}
+    runner: dict[str, Any] = {"stream": [], "latency": [], "replay": {}}
+    if not args.appends_only:
+        say("2-4. stream throughput, latency and replay on an in-process runner")
+        with contextlib.redirect_stdout(io.StringIO()):  # the runner's lifecycle lines
+            runner_raw = trio.run(_measure_runner, profile, data_dir)
+        runner = _summarize_runner(runner_raw, profile)
     third = cpu_sample()
-    say("   " + _load_note(cpu_report(second, third)))
-    runner = _summarize_runner(runner_raw, profile)
+    loadavg.append(os.getloadavg())
+    if not args.appends_only:
+        say("   " + _load_note(cpu_report(second, third)))
     elapsed = time.perf_counter() - began
     load = {
         "append_phase": cpu_report(first, second),
         "runner_phase": cpu_report(second, third),
         "whole_run": cpu_report(first, third),
+        "loadavg_1_5_15": loadavg,  # at the start, (after the builds' trials,) at the end
     }
 
     rows = _table(appends, runner)
@@ -880,6 +988,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "met_for_every_such_producer_count": goal_met,
         },
         "append": appends,
+        "append_before": before,
         "stream": runner["stream"],
         "latency": runner["latency"],
         "replay": runner["replay"],
@@ -901,7 +1010,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"goal (journal >= {GOAL_RATIO:.0%} of raw SQLite at the same batch size, {GOAL_MIN_PRODUCERS}+ producers): "
         + ", ".join(f"P={r['producers']} {_verdict(r)}" for r in appends["by_producers"])
     )
+    if before:
+        for row in before["by_producers"]:
+            print(
+                f"append, {row['producers']} producers, each build in a process of its own: this build"
+                f" {row['ratio_now']:.2f} of raw, {before['rev']} {row['ratio_before']:.2f};"
+                f" this build / {before['rev']} {row['now_over_before']:.2f} (medians of paired trials)"
+            )
     print("machine load during the run: " + _load_note(load["whole_run"]))
+    print("load average (1 min) at the start and the end: " + ", ".join(f"{la[0]:.1f}" for la in loadavg))
     print(f"results: {path}")
     return 0
 
