@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import gc
 import io
+import os
 import statistics
 import subprocess
 import sys
@@ -369,6 +370,7 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 began = time.perf_counter()
                 json_bytes(runner.status())
                 rebuild_ms.append((time.perf_counter() - began) * 1000)
+            own_process_ms = await _status_from_own_process(api, max(5, profile.status_samples))
             row = {
                 "held": level,
                 "fill_s": fill_s,
@@ -379,6 +381,11 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 "start_ms": start_ms,
                 "probe_attempts": 1,
                 "runner_status_ms": statistics.median(status_ms),
+                # From a process of its own, to the last byte: the runner's answer without the
+                # in-process client's reading on the runner's loop.
+                "runner_status_own_process_ms": statistics.median(own_process_ms),
+                "runner_status_own_process_samples_ms": own_process_ms,
+                "loadavg_1min": os.getloadavg()[0],
                 "runner_status_cpu_ms": statistics.median(status_cpu_ms),
                 "runner_status_build_ms": statistics.median(build_ms),
                 "runner_status_rebuild_ms": statistics.median(rebuild_ms),
@@ -399,7 +406,9 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
                 f"  held {level:>6}: RSS {fmt(row['rss_mib'])} MiB, {fmt(row['rss_per_call_kib'])} KiB/call"
                 f" ({fmt(row['rss_per_added_call_kib'])} KiB per added call), start p50"
                 f" {fmt(row['start_ms'].get('p50'))} ms p99 {fmt(row['start_ms'].get('p99'))} ms,"
-                f" GET /v1/runner {fmt(row['runner_status_ms'])} ms, filled at {fmt(row['fill_calls_per_s'])} calls/s"
+                f" GET /v1/runner {fmt(row['runner_status_own_process_ms'])} ms from its own process"
+                f" ({fmt(row['runner_status_ms'])} in-process), filled at {fmt(row['fill_calls_per_s'])} calls/s"
+                f" (load {row['loadavg_1min']:.1f})"
             )
             if degraded:
                 row["degraded"] = degraded
@@ -431,6 +440,16 @@ async def measure_held(profile: Profile, data_dir: Path, deadline: float) -> dic
         "stopped_because": stopped_because,
         "drain": {"calls": held_now, "seconds": drain_s},
     }
+
+
+async def _status_from_own_process(api: Api, count: int) -> list[float]:
+    """``count`` sequential ``GET /v1/runner`` from ``bench._status_timer``, ms to the last byte each."""
+    address = str(api.client.base_url).removeprefix("http://").rstrip("/")
+    token = api.client.headers["Authorization"].removeprefix("Bearer ")
+    command = [sys.executable, "-m", "bench._status_timer", address, token, str(count)]
+    with trio.fail_after(120):
+        done = await trio.run_process(command, capture_stdout=True)
+    return [float(line.split()[0]) for line in done.stdout.decode().splitlines()]
 
 
 async def measure_poll_impact(profile: Profile, api: Api, held: int) -> dict[str, Any]:
@@ -569,7 +588,8 @@ def _table(got: dict[str, Any]) -> list[list[str]]:
                 f"held {row['held']}",
                 f"RSS {fmt(row['rss_mib'])} MiB, {fmt(row['rss_per_call_kib'])} KiB/call",
                 f"start p50 {fmt(start.get('p50'))} p99 {fmt(start.get('p99'))} ms",
-                f"GET /v1/runner {fmt(row['runner_status_ms'])} ms (CPU {fmt(row['runner_status_cpu_ms'])},"
+                f"GET /v1/runner {fmt(row['runner_status_own_process_ms'])} ms from a process of its own,"
+                f" {fmt(row['runner_status_ms'])} in-process (CPU {fmt(row['runner_status_cpu_ms'])},"
                 f" runner's join {fmt(row['runner_status_build_ms'])}, against"
                 f" {fmt(row['runner_status_rebuild_ms'])} to build and encode every call)"
                 + (f"; DEGRADED: {row['degraded']}" if "degraded" in row else ""),
