@@ -67,7 +67,8 @@ def count(
         module: The benchmark module; ``args`` make it run as the child.
         data_dir: Where callgrind's output goes (deleted once read).
         by_object: Also split the count by object (``by_object``, ``other_by_object``).
-        tree: Import the code from this source tree rather than this one (an older build).
+        tree: Import the packages this source tree holds (an older build's, see
+            :func:`source_tree`) from it rather than from this one.
     """
     out = data_dir / f"callgrind-{module.rsplit('.', 1)[-1]}-{os.getpid()}.out"
     command = [
@@ -82,8 +83,10 @@ def count(
     ]
     env = dict(os.environ)
     if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    subprocess.run(command, check=True, capture_output=True, timeout=3600, cwd=tree or _ROOT, env=env)
+        # The tree's packages first, then this one's: the harness stays this build's.
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), str(_ROOT)])
+    # Not run from this tree, which would come first on the path.
+    subprocess.run(command, check=True, capture_output=True, timeout=3600, cwd=data_dir, env=env)
     try:
         found = TOTALS.search(out.read_bytes())
         assert found, f"no totals in {out}"
@@ -124,15 +127,16 @@ def _split_by_object(annotated: str) -> dict[str, Any]:
 
 
 @contextmanager
-def source_tree(rev: str) -> Iterator[Path]:
-    """This repository's code at commit ``rev``, exported to a temporary directory.
+def source_tree(rev: str, paths: Sequence[str] = ("journal", "migrations", "runner")) -> Iterator[Path]:
+    """Some packages of this repository at commit ``rev``, exported to a temporary directory.
 
-    An older build to count (or time) beside the current one in the same run; ``git
-    archive`` leaves the repository itself untouched.
+    An older build to count (or time) beside the current one in the same run, under the
+    same harness: only ``paths`` are exported, and they go first on the child's path.
+    ``git archive`` leaves the repository itself untouched.
     """
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
         archive = subprocess.run(
-            ["git", "-C", str(_ROOT), "archive", "--format=tar", rev], check=True, capture_output=True
+            ["git", "-C", str(_ROOT), "archive", "--format=tar", rev, *paths], check=True, capture_output=True
         ).stdout
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(tmp, filter="data")

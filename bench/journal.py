@@ -350,15 +350,15 @@ print(json.dumps(trio.run(partial(_journal_trial, path, producers=producers, rec
 def _journal_trial_in(
     tree: Path, path: Path, *, producers: int, records: int, seconds: float
 ) -> dict[str, Any]:
-    """One append trial in a process of its own, importing the journal (and this trial) from ``tree``."""
+    """One append trial in a process of its own, importing the journal from ``tree`` (this trial from here)."""
     done = subprocess.run(
         [sys.executable, "-c", _TRIAL_IN_A_PROCESS, str(path), str(producers), str(records), str(seconds)],
         check=True,
         capture_output=True,
         text=True,
         timeout=seconds + 120,
-        cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=path.parent,  # not this tree, which would come first on the path
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(_ROOT)])},
     )
     got: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return got

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 from . import _callgrind
 from ._common import freeze_heap_as_the_runner_does, machine_info, say, write_results
@@ -53,9 +54,30 @@ async def _journal_child(path: Path, producers: int, records: int) -> None:
         async with trio.open_nursery() as nursery:  # warm: every producer known, the file grown
             for k in range(producers):
                 nursery.start_soon(produce, k, 2, 0)
-        async with _callgrind.counting(), trio.open_nursery() as nursery:
+        # The tasks start before the count and end after it: it counts their appends only
+        # (raw's loop starts no task).
+        go, done, release = trio.Event(), trio.Event(), trio.Event()
+        running = producers
+
+        async def produce_when_told(k: int) -> None:
+            nonlocal running
+            name = f"p{k}"
+            await go.wait()
+            for i in range(2, 2 + per_producer):  # as produce does, in this frame
+                await journal.append(name, "conversation", _body(i))
+            running -= 1
+            if running == 0:
+                done.set()
+            await release.wait()
+
+        async with trio.open_nursery() as nursery:
             for k in range(producers):
-                nursery.start_soon(produce, k, per_producer, 2)
+                nursery.start_soon(produce_when_told, k)
+            await trio.testing.wait_all_tasks_blocked()
+            async with _callgrind.counting():
+                go.set()
+                await done.wait()
+            release.set()
 
 
 async def _raw_child(path: Path, producers: int, records: int) -> None:

@@ -375,9 +375,10 @@ def _row(producer: str, cls: str, body: Mapping[str, Any], stamp: bool, closes: 
         TypeError: ``body`` is not a JSON object, or holds a value JSON has no form for.
         ValueError: ``body`` holds NaN or an infinity, or a name is not Unicode text.
     """
-    # A lone surrogate would fail the whole transaction in SQLite: fail only this append.
-    producer.encode()
-    cls.encode()
+    if not (producer.isascii() and cls.isascii()):
+        # A lone surrogate would fail the whole transaction in SQLite: fail only this append.
+        producer.encode()
+        cls.encode()
     if stamp and "type" not in body:
         raise TypeError("a stamped record's body must have a type")
     text = "".join(_encode_chunks({k: v for k, v in body.items() if k != "type"} if stamp else body, 0))
@@ -435,6 +436,9 @@ class _Woken(outcome.Outcome[None]):
 
 
 _WOKEN = _Woken()
+# Looked up once: an append uses them every time.
+_current_task = trio.lowlevel.current_task
+_wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
 
 
 # Put on the writer's queue after the last append: the thread commits what is before it and ends.
@@ -802,9 +806,9 @@ class Journal:
         if self._closed:
             await trio.lowlevel.checkpoint()
             raise JournalClosed("the journal is closed")
-        request = _Request((_row(producer, cls, body, stamp, closes),), trio.lowlevel.current_task())
+        request = _Request((_row(producer, cls, body, stamp, closes),), _current_task())
         self._gathering.append(request)
-        await trio.lowlevel.wait_task_rescheduled(request.abandon)
+        await _wait_task_rescheduled(request.abandon)
         record: Record = request.result
         return record
 
@@ -925,10 +929,11 @@ class Journal:
             self.on_commit(len(records), seconds)
         self._changed.set()
         self._changed = trio.Event()
+        reschedule = trio.lowlevel.reschedule
         for request, got in zip(batch, _results(batch, records), strict=True):
             request.result = got
             if request.task is not None:
-                trio.lowlevel.reschedule(request.task, _WOKEN)
+                reschedule(request.task, _WOKEN)
 
     def _writer_stopped(self) -> None:
         # Nothing should be left, but a writer thread that died must not leave appenders waiting.
