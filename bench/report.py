@@ -530,11 +530,19 @@ def _scaling(runs: Mapping[str, Any]) -> dict[str, Any]:
         )
         figures.append(
             _growth(
-                "GET /v1/runner while holding calls",
+                "GET /v1/runner while holding calls (client in-process)",
                 [(lv["held"], lv["runner_status_ms"]) for lv in levels],
                 "ms",
             )
         )
+        if all("runner_status_own_process_ms" in lv for lv in levels):
+            figures.append(
+                _growth(
+                    "GET /v1/runner while holding calls (client in a process of its own)",
+                    [(lv["held"], lv["runner_status_own_process_ms"]) for lv in levels],
+                    "ms",
+                )
+            )
     messages = _ok(runs, "messages")
     if messages and "levels" in messages:
         levels = messages["levels"]
@@ -629,14 +637,22 @@ def _goals(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
     if calls:
         levels = calls["held"]["levels"]
         top = levels[-1]
+        # From a process of its own when measured (the runner's answer); in-process beside it.
+        own = top.get("runner_status_own_process_ms")
+        figure = own if own is not None else top["runner_status_ms"]
         goals.append(
             _goal(
                 f"GET /v1/runner at {top['held']} calls, ms",
-                "236 at 50,000 (2.65 at 1)",
+                "236 at 50,000 (2.65 at 1); 36.7 in round two, in-process",
                 "under 20 at 50,000",
-                f"{fmt(top['runner_status_ms'])} (the runner's join {fmt(top.get('runner_status_build_ms'))},"
+                (
+                    f"{fmt(own)} from a process of its own, {fmt(top['runner_status_ms'])} in-process"
+                    if own is not None
+                    else fmt(figure)
+                )
+                + f" (the runner's join {fmt(top.get('runner_status_build_ms'))},"
                 f" against {fmt(top.get('runner_status_rebuild_ms'))} for the old build and encode)",
-                top["runner_status_ms"] < 20 if top["held"] >= 50_000 else None,
+                figure < 20 if top["held"] >= 50_000 else None,
             )
         )
         polled = calls["held"].get("polled")
