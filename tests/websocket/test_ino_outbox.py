@@ -67,6 +67,20 @@ class StalledWire:
         self.closed = (code, reason)
 
 
+async def turn_done(wire: StalledWire) -> None:
+    while not any(isinstance(m, str) and '"type":"turn.done"' in m for m in wire.sent):
+        await trio.sleep(0.01)
+
+
+def checked(sent: list[str | bytes]) -> FrameChecker:
+    """Every frame sent, through the ino.v2 checker."""
+    checker = FrameChecker(thoughts_allowed=False)
+    for message in sent:
+        checker.feed(message)
+    checker.finish()
+    return checker
+
+
 @asynccontextmanager
 async def open_service(tmp_path: Path) -> AsyncIterator[AgentSocketService]:
     config = Config(journal_path=tmp_path / "journal.db", max_sessions=4, drain_grace_ms=0)
@@ -111,14 +125,10 @@ async def test_frames_waiting_for_a_stalled_socket_are_joined_in_order(tmp_path:
                     await trio.sleep(0.01)
             wire.flowing.set()
             with trio.fail_after(10):
-                while not any(isinstance(m, str) and '"type":"turn.done"' in m for m in wire.sent):
-                    await trio.sleep(0.01)
+                await turn_done(wire)
             nursery.cancel_scope.cancel()
 
-    checker = FrameChecker(thoughts_allowed=False)
-    for message in wire.sent:
-        checker.feed(message)
-    checker.finish()
+    checker = checked(wire.sent)
     [done] = checker.of_type("turn.done")
     deltas = [e for e in handed if isinstance(e, ReplyDelta)]
     pieces = [e for e in handed if isinstance(e, AudioData)]
@@ -156,13 +166,9 @@ async def test_a_sentences_audio_leaves_in_as_few_frames_as_the_join_allows(tmp_
             )
             send.send_nowait(json.dumps({"type": "user_message", "text": "When is breakfast served?"}))
             with trio.fail_after(20):
-                while not any(isinstance(m, str) and '"type":"turn.done"' in m for m in wire.sent):
-                    await trio.sleep(0.01)
+                await turn_done(wire)
             nursery.cancel_scope.cancel()
-    checker = FrameChecker(thoughts_allowed=False)
-    for message in wire.sent:
-        checker.feed(message)
-    checker.finish()
+    checker = checked(wire.sent)
     [end] = checker.of_type("audio.end")
     first = len(checker.binary[0])
     assert end["bytes"] > 3 * first  # more than a few of espeak's pieces
