@@ -18,6 +18,7 @@ import attrs
 import espeakng_loader
 import trio
 
+from ._once import LoadedOnce
 from ._types import ProviderError
 
 __all__ = ["EspeakTTS", "EspeakVoice", "UnsupportedVoice"]
@@ -185,16 +186,12 @@ class _Engine:
         return chunks
 
 
-_engine_lock = threading.Lock()
-_engine_instance: _Engine | None = None
+# One engine for the process (espeak-ng's state is global), keyed by nothing.
+_engines: LoadedOnce[None, _Engine] = LoadedOnce(lambda _: _Engine())
 
 
 def _engine() -> _Engine:
-    global _engine_instance
-    with _engine_lock:
-        if _engine_instance is None:
-            _engine_instance = _Engine()
-        return _engine_instance
+    return _engines.get(None)
 
 
 def _resolve(voice: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from ._once import LoadedOnce
 from ._types import ProviderError
 
 __all__ = ["HibariTTS", "UnsupportedVoice"]
@@ -95,16 +96,7 @@ class _Engine:
             return [p for p in self.hibari.phonemize(text) if p]
 
 
-_engines_lock = threading.Lock()
-_engines: dict[str, _Engine] = {}
-
-
-def _engine(voice: str) -> _Engine:
-    with _engines_lock:
-        engine = _engines.get(voice)
-        if engine is None:
-            engine = _engines[voice] = _Engine(voice)
-        return engine
+_engines: LoadedOnce[str, _Engine] = LoadedOnce(_Engine)
 
 
 class HibariTTS:
@@ -157,9 +149,9 @@ class HibariTTS:
             ProviderError: hibari failed (code ``provider_failed``).
         """
         try:
-            engine = _engines.get(self._voice)
+            engine = _engines.loaded(self._voice)
             if engine is None:
-                engine = await trio.to_thread.run_sync(_engine, self._voice)
+                engine = await trio.to_thread.run_sync(_engines.get, self._voice)
             phrases = await trio.to_thread.run_sync(engine.phonemize, text)
         except ProviderError:
             raise

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ import trio
 
 from ..voice.audio import pcm_seconds, rms_dbfs
 from ..voice.vad import SileroVad
+from ._once import LoadedOnce
 from ._stream import RecognizerStream, count_decode
 from ._types import ProviderError, Transcript
 
@@ -146,17 +146,8 @@ class _Model:
         return " ".join(w.strip() for w in words if w.strip())
 
 
-_models_lock = threading.Lock()
-_models: dict[Path, _Model] = {}
+_models: LoadedOnce[Path, _Model] = LoadedOnce(_Model)
 _decoders: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("whisper_decoders")
-
-
-def _load(directory: Path) -> _Model:
-    with _models_lock:
-        model = _models.get(directory)
-        if model is None:
-            model = _models[directory] = _Model(directory)
-        return model
 
 
 def _limiter() -> trio.CapacityLimiter:
@@ -213,9 +204,9 @@ class WhisperSTT:
 
     async def _model(self) -> _Model:
         directory = self._directory or model_dir()
-        model = _models.get(directory)
+        model = _models.loaded(directory)
         if model is None:
-            model = await trio.to_thread.run_sync(_load, directory)
+            model = await trio.to_thread.run_sync(_models.get, directory)
         return model
 
     async def warm_up(self) -> None:
