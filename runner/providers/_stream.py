@@ -8,6 +8,8 @@ decoder, a VAD model) is given back exactly once, when it is closed and no task 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Self
 
@@ -30,9 +32,9 @@ def count_decode(provider: str) -> None:
 class RecognizerStream:
     """The base of a recognizer's stream: ``async with stt.open_stream(rate) as stream``.
 
-    Subclasses call :meth:`_enter` and :meth:`_leave` around each ``feed`` and ``finish``
-    (``finish`` also sets ``_closed``), count the caller's audio with :meth:`_took`, and put
-    what they hold back in :meth:`_release`.
+    Subclasses run each ``feed`` and ``finish`` inside ``with self._inside()`` (``finish``
+    with ``finishing=True``), count the caller's audio with :meth:`_took`, and put what they
+    hold back in :meth:`_release`.
     """
 
     def __init__(self, sample_rate_hz: int) -> None:
@@ -59,6 +61,17 @@ class RecognizerStream:
         if self._busy:
             raise trio.BusyResourceError("another task is feeding this stream")
         self._busy = True
+
+    @contextmanager
+    def _inside(self, *, finishing: bool = False) -> Iterator[None]:
+        """One task inside at a time, on a stream not yet finished; ``finishing`` finishes it."""
+        self._enter()
+        try:
+            yield
+        finally:
+            if finishing:
+                self._closed = True
+            self._leave()
 
     def _leave(self) -> None:
         self._busy = False

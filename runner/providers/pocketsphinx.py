@@ -340,8 +340,7 @@ class PocketsphinxStream(RecognizerStream):
             trio.BusyResourceError: another task is feeding or finishing the stream.
             ProviderError: the decoder failed (``provider_failed``).
         """
-        self._enter()
-        try:
+        with self._inside():
             self._took(pcm)
             self._pcm.append(pcm)
             try:
@@ -349,8 +348,6 @@ class PocketsphinxStream(RecognizerStream):
             except RuntimeError as exc:
                 self._drop()
                 raise ProviderError("provider_failed", "pocketsphinx failed to decode") from exc
-        finally:
-            self._leave()
 
     async def finish(self) -> Transcript:
         """End the utterance and return what was said in all of it (decoded whole, in the worker).
@@ -360,15 +357,11 @@ class PocketsphinxStream(RecognizerStream):
             trio.BusyResourceError: another task is feeding the stream.
             ProviderError: the decoder failed (``provider_failed``).
         """
-        self._enter()
-        try:
+        with self._inside(finishing=True):
             # The running hypothesis hears worse than one pass over the whole utterance,
             # normalised over all of it (WER 45% against 29%, 8 espeak en-us+f2 sentences):
             # the words are that pass; the stream's decoder goes back to the pool unfinished.
             text = await _transcribe_whole(b"".join(self._pcm), self.sample_rate_hz)
-        finally:
-            self._closed = True
-            self._leave()
         return self._transcript(text)
 
     def _drop(self) -> None:

@@ -316,8 +316,7 @@ class WhisperStream(RecognizerStream):
             trio.BusyResourceError: another task is feeding or finishing the stream.
             ProviderError: the decoder failed.
         """
-        self._enter()
-        try:
+        with self._inside():
             self._took(pcm)
             x = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
             if self._resampler is not None:
@@ -330,8 +329,6 @@ class WhisperStream(RecognizerStream):
                 self._last = text
                 return text
             return None
-        finally:
-            self._leave()
 
     async def finish(self) -> Transcript:
         """End the utterance and return what was said in all of it.
@@ -341,8 +338,7 @@ class WhisperStream(RecognizerStream):
             trio.BusyResourceError: another task is feeding the stream.
             ProviderError: the decoder failed.
         """
-        self._enter()
-        try:
+        with self._inside(finishing=True):
             if self._resampler is not None:
                 self._take(np.asarray(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)))
             if self._decoded is not None and not self._said_since:
@@ -353,9 +349,6 @@ class WhisperStream(RecognizerStream):
             else:
                 text = ""  # no speech at all
                 await trio.lowlevel.checkpoint()
-        finally:
-            self._closed = True
-            self._leave()
         return self._transcript(text)
 
     def _release(self) -> None:
