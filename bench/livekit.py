@@ -31,6 +31,8 @@ import tempfile
 import time
 import uuid
 from array import array
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,31 @@ async def say_and_hear(caller: Any, sentence: Sentence, *, within: float = 20) -
     return speech_end, float(reply["first_loud_at"])
 
 
+@asynccontextmanager
+async def livekit_env(prefix: str) -> AsyncIterator[tuple[Path, LiveKitEnv]]:
+    """A scratch folder and a livekit-server of its own in a private network namespace.
+
+    Exits with one line when the server's binary is missing or this is not root.
+    """
+    binary = find_livekit_server()
+    if binary is None:
+        raise SystemExit(
+            "livekit-server not found: run .ci/install-livekit-server (see docs/livekit-testing.md)"
+        )
+    if os.geteuid() != 0:
+        raise SystemExit("this benchmark makes a network namespace and must run as root")
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        workdir = Path(tmp)
+        server = LiveKitServer(binary, workdir / "server")
+        await trio.to_thread.run_sync(server.start)
+        env = LiveKitEnv(server, workdir)
+        try:
+            yield workdir, env
+        finally:
+            await env.aclose()
+            await trio.to_thread.run_sync(server.stop)
+
+
 async def one_call(
     env: LiveKitEnv,
     host: Any,
@@ -136,23 +163,12 @@ async def one_call(
 
 
 async def run(profile: Profile) -> dict[str, Any]:
-    binary = find_livekit_server()
-    if binary is None:
-        raise SystemExit(
-            "livekit-server not found: run .ci/install-livekit-server (see docs/livekit-testing.md)"
-        )
-    if os.geteuid() != 0:
-        raise SystemExit("this benchmark makes a network namespace and must run as root")
     out: dict[str, list[float]] = {
         "post_to_202_s": [],
         "post_to_agent_seen_s": [],
         "end_of_speech_to_first_audio_s": [],
     }
-    with tempfile.TemporaryDirectory(prefix="bench-livekit-") as tmp:
-        workdir = Path(tmp)
-        server = LiveKitServer(binary, workdir / "server")
-        await trio.to_thread.run_sync(server.start)
-        env = LiveKitEnv(server, workdir)
+    async with livekit_env("bench-livekit-") as (workdir, env):
         budget = Budget(profile.calls, profile.seconds)
         cpu_start = cpu_sample()
         calls = 0
@@ -166,8 +182,6 @@ async def run(profile: Profile) -> dict[str, Any]:
                         calls += 1
         finally:
             cpu_end = cpu_sample()
-            await env.aclose()
-            await trio.to_thread.run_sync(server.stop)
     return {
         "benchmark": "livekit",
         "profile": profile.name,

@@ -31,7 +31,6 @@ import os
 import random
 import re
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import AsyncExitStack
@@ -42,13 +41,13 @@ import attrs
 import trio
 
 from ._common import cpu_report, cpu_sample, machine_info, print_table, say, summarize, write_results
-from .livekit import SENTENCE, VOICE, Sentence, say_and_hear, sentence_file
+from .livekit import SENTENCE, VOICE, Sentence, livekit_env, say_and_hear, sentence_file
 
 _LK_TESTS = Path(__file__).resolve().parents[1] / "tests" / "livekit"
 if str(_LK_TESTS) not in sys.path:
     sys.path.insert(0, str(_LK_TESTS))
 
-from lk_harness import LiveKitEnv, LiveKitServer, find_livekit_server  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
+from lk_harness import LiveKitEnv  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 from lk_runner import AGENT_IDENTITY, open_runner  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 
 AGENTS = Path(__file__).with_name("_voice_agents.py")
@@ -348,21 +347,12 @@ BEFORE = "@before"
 async def run(
     profile: Profile, agents: tuple[str, ...], levels: tuple[int, ...], before: Path | None = None
 ) -> dict[str, Any]:
-    binary = find_livekit_server()
-    if binary is None:
-        raise SystemExit("livekit-server not found: run .ci/install-livekit-server")
-    if os.geteuid() != 0:
-        raise SystemExit("this benchmark makes a network namespace and must run as root")
     began = time.perf_counter()
     result: dict[str, Any] = {agent: Turns() for agent in agents}
     result["concurrency"] = []
     profile = attrs.evolve(profile, levels=levels)
     load_at_start = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="bench-voice-") as tmp:
-        workdir = Path(tmp)
-        server = LiveKitServer(binary, workdir / "server")
-        await trio.to_thread.run_sync(server.start)
-        env = LiveKitEnv(server, workdir)
+    async with livekit_env("bench-voice-") as (workdir, env):
         cpu_start = cpu_sample()
         try:
             sentence = await sentence_file(workdir, lead_s=LEAD_S)
@@ -373,8 +363,6 @@ async def run(
                     await concurrency(env, workdir, profile, sentence, result["concurrency"])
         finally:
             cpu_end = cpu_sample()
-            await env.aclose()
-            await trio.to_thread.run_sync(server.stop)
     return {
         "benchmark": "livekit_voice",
         "profile": profile.name,

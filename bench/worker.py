@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -47,12 +46,13 @@ import trio
 
 from ._common import Budget, fmt, machine_info, print_table, ratio, say, summarize, write_results
 from .agents_baseline import ensure_venv
+from .livekit import livekit_env
 
 _LK_TESTS = Path(__file__).resolve().parents[1] / "tests" / "livekit"
 if str(_LK_TESTS) not in sys.path:
     sys.path.insert(0, str(_LK_TESTS))
 
-from lk_harness import LiveKitEnv, LiveKitServer, Peer, find_livekit_server  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
+from lk_harness import LiveKitEnv, Peer  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 from lk_runner import Host, agent_spec, open_runner  # noqa: E402 - after the sys.path entry that makes tests/livekit's modules importable
 
 AGENTS_WORKER = Path(__file__).resolve().with_name("_agents_worker.py")
@@ -291,11 +291,6 @@ def _rss_mib(pid: int) -> float:
 
 
 async def run(profile: Profile, only: str | None = None) -> dict[str, Any]:
-    binary = find_livekit_server()
-    if binary is None:
-        raise SystemExit("livekit-server not found: run .ci/install-livekit-server")
-    if os.geteuid() != 0:
-        raise SystemExit("this benchmark makes a network namespace and must run as root")
     python = ensure_venv()
     budget = Budget(profile.samples * 4, profile.seconds)
     result: dict[str, Any] = {
@@ -305,24 +300,18 @@ async def run(profile: Profile, only: str | None = None) -> dict[str, Any]:
         "machine": machine_info(),
         "parameters": attrs.asdict(profile),
     }
-    with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
-        workdir = Path(tmp)
-        server = LiveKitServer(binary, workdir / "server")
-        await trio.to_thread.run_sync(server.start)
-        env = LiveKitEnv(server, workdir)
-        try:
-            async with env.peer("control", env.unique_room("control")) as control:
-                if only != "agents":
-                    await _run_ours(env, control, workdir, profile, budget, result)
-                if only == "ours":
-                    pass
-                elif isinstance(python, str):
-                    result["livekit_agents_skipped"] = python
-                else:
-                    await _run_agents(env, control, python, workdir, profile, budget, result)
-        finally:
-            await env.aclose()
-            await trio.to_thread.run_sync(server.stop)
+    async with (
+        livekit_env("bench-worker-") as (workdir, env),
+        env.peer("control", env.unique_room("control")) as control,
+    ):
+        if only != "agents":
+            await _run_ours(env, control, workdir, profile, budget, result)
+        if only == "ours":
+            pass
+        elif isinstance(python, str):
+            result["livekit_agents_skipped"] = python
+        else:
+            await _run_agents(env, control, python, workdir, profile, budget, result)
     result["seconds"] = time.perf_counter() - budget.started
     result["finished_at_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return result
