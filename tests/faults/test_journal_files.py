@@ -29,6 +29,15 @@ async def _journal_with_calls(path: Path, calls: int = 30) -> None:
         await runner.wait_exit()
 
 
+async def refused_unchanged(path: Path, words: str) -> None:
+    """A runner started on ``path`` exits 1 with one line naming it and ``words``, its files untouched."""
+    before = digest(*journal_files(path))
+    code, stderr = await refused_start(path)
+    assert code == 1
+    one_line_naming(stderr, path, words)
+    assert digest(*journal_files(path)) == before
+
+
 async def test_a_damaged_page_is_refused_at_start_naming_the_file(tmp_path: Path) -> None:
     journal = tmp_path / "j.db"
     await _journal_with_calls(journal)
@@ -39,11 +48,7 @@ async def test_a_damaged_page_is_refused_at_start_naming_the_file(tmp_path: Path
     with journal.open("r+b") as file:
         file.seek(size // 2 // 4096 * 4096)
         file.write(b"\xa5" * 4096)
-    before = digest(*journal_files(journal))
-    code, stderr = await refused_start(journal)
-    assert code == 1
-    one_line_naming(stderr, journal, "damaged")
-    assert digest(*journal_files(journal)) == before
+    await refused_unchanged(journal, "damaged")
 
 
 async def test_a_foreign_sqlite_file_is_refused_before_anything_is_written(tmp_path: Path) -> None:
@@ -52,12 +57,8 @@ async def test_a_foreign_sqlite_file_is_refused_before_anything_is_written(tmp_p
         conn.execute("CREATE TABLE people (name TEXT)")
         conn.execute("INSERT INTO people VALUES ('ada')")
         conn.commit()
-    before = digest(*journal_files(foreign))
-    code, stderr = await refused_start(foreign)
-    assert code == 1
-    one_line_naming(stderr, foreign, "not a runner journal")
     # Not switched to WAL, no migrations table: the file is as it was, and no -wal was made.
-    assert digest(*journal_files(foreign)) == before
+    await refused_unchanged(foreign, "not a runner journal")
     with closing(sqlite3.connect(foreign)) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["people"]
@@ -66,11 +67,7 @@ async def test_a_foreign_sqlite_file_is_refused_before_anything_is_written(tmp_p
 async def test_a_file_that_is_not_sqlite_is_refused_unchanged(tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("not a database\n" * 200)
-    before = digest(*journal_files(notes))
-    code, stderr = await refused_start(notes)
-    assert code == 1
-    one_line_naming(stderr, notes, "cannot be read")
-    assert digest(*journal_files(notes)) == before
+    await refused_unchanged(notes, "cannot be read")
 
 
 async def test_a_journal_from_a_newer_runner_is_refused(tmp_path: Path) -> None:
@@ -82,8 +79,4 @@ async def test_a_journal_from_a_newer_runner_is_refused(tmp_path: Path) -> None:
             " VALUES ('curb-runner', '9999_future', 'x')"
         )
         conn.commit()
-    before = digest(*journal_files(journal))
-    code, stderr = await refused_start(journal)
-    assert code == 1
-    one_line_naming(stderr, journal, "newer runner")
-    assert digest(*journal_files(journal)) == before
+    await refused_unchanged(journal, "newer runner")
