@@ -127,6 +127,14 @@ SCENARIOS = (
         full_only="needs a LiveKit server in a private network namespace and several minutes; full mode only",
     ),
     Scenario(
+        name="livekit_path",
+        what="LiveKit's own one-way audio latency, knob by knob (AudioSource to AudioStream)",
+        quick_s=300,
+        full_s=660,
+        limit_s=1200,
+        full_only="needs a LiveKit server in a private network namespace and several minutes; full mode only",
+    ),
+    Scenario(
         name="worker",
         what="worker mode under LiveKit's dispatch vs livekit-agents' own worker",
         quick_s=180,

@@ -26,11 +26,29 @@ Ops:
   agent_ask        key [payload] [within]       -> {reply}       {failed: the error class,
   agent_update     settings [within]            -> {settings}    code, issues, path}
   agent_close
-  publish_mic      [rate]              publish a microphone track (one per peer)
+  publish_mic      [rate] [queue_ms] [dtx] [red]
+                                       publish a microphone track (one per peer); its
+                                       AudioSource queue (200 ms) and the publish options
+                                       dtx and red (LiveKit's defaults) can be changed
   play             path rate           speak 16-bit mono PCM from a file into it, in real
                                        time -> {started_at, ended_at} (time.monotonic())
-  record           identity [within]   record that participant's audio from now on
-                                       ("*agent": the first participant of kind agent)
+  record           identity [within] [rate] [frame_ms]
+                                       record that participant's audio from now on
+                                       ("*agent": the first participant of kind agent),
+                                       as an AudioStream at rate (48000) in frames of
+                                       frame_ms (20; 0: as WebRTC hands them, 10 ms);
+                                       a new record replaces the one before
+  burst            [lead_ms] [burst_ms] [tail_ms] [frame_ms] [ahead]
+                                       silence, a loud 1 kHz tone, silence into the mic,
+                                       in real time as a microphone does (ahead: as fast as
+                                       the source takes them, as a TTS does); no lead: the
+                                       source idled -> {at (the tone's first frame handed
+                                       to capture_frame), queued_s (the source's queue
+                                       then), ended_at (its last frame handed over)}
+  stats                                this peer's received audio, from WebRTC's stats
+                                       -> {inbound: [{jitter_buffer_delay_s,
+                                       jitter_buffer_emitted_count, ...}]} (the
+                                       delays are sums over the samples emitted)
   wait_speech      [after] [within] [silence_ms] [path]
                                        the first stretch of speech in the recording that
                                        starts after monotonic time `after` and is followed
@@ -106,10 +124,12 @@ class PeerProgram:
         self.agent: Any = None
         self.unsubscribe: dict[str, Any] = {}
         self.mic: rtc.AudioSource | None = None
-        # Recorded audio: (arrival time, pcm, loud) per 20 ms frame.
+        # Recorded audio: (arrival time, pcm, loud) per frame (20 ms unless record said otherwise).
         self.recording: list[tuple[float, bytes, bool]] = []
         self.recorded = asyncio.Event()
         self.recording_ended = False  # the recorded track went away (its participant left)
+        self.recorder: asyncio.Task[None] | None = None
+        self.record_rate = RECORD_RATE
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -312,9 +332,12 @@ class PeerProgram:
 
     async def op_publish_mic(self, req: dict[str, Any]) -> dict[str, Any]:
         rate = int(req.get("rate", RECORD_RATE))
-        self.mic = rtc.AudioSource(rate, 1, queue_size_ms=200)
+        self.mic = rtc.AudioSource(rate, 1, queue_size_ms=int(req.get("queue_ms", 200)))
         track = rtc.LocalAudioTrack.create_audio_track("mic", self.mic)
         options = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
+        for knob in ("dtx", "red"):
+            if knob in req:
+                setattr(options, knob, bool(req[knob]))
         publication = await self.room.local_participant.publish_track(track, options)
         return {"sid": publication.sid}
 
@@ -356,13 +379,17 @@ class PeerProgram:
                 await asyncio.sleep(0.02)
         if track is None:
             raise TimeoutError(f"{identity!r} has no audio track to record")
+        if self.recorder is not None:
+            self.recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.recorder
         self.recording.clear()
         self.recording_ended = False
+        rate = self.record_rate = int(req.get("rate", RECORD_RATE))
+        frame_ms = int(req.get("frame_ms", RECORD_FRAME_MS)) or None
 
         async def record() -> None:
-            stream = rtc.AudioStream(
-                track, sample_rate=RECORD_RATE, num_channels=1, frame_size_ms=RECORD_FRAME_MS
-            )
+            stream = rtc.AudioStream(track, sample_rate=rate, num_channels=1, frame_size_ms=frame_ms)
             try:
                 async for event in stream:
                     pcm = bytes(event.frame.data)
@@ -373,7 +400,54 @@ class PeerProgram:
                 self.recorded.set()
                 await stream.aclose()
 
-        self.spawn(record())
+        self.recorder = asyncio.ensure_future(record())
+        self.tasks.add(self.recorder)
+        self.recorder.add_done_callback(self.tasks.discard)
+
+    async def op_burst(self, req: dict[str, Any]) -> dict[str, Any]:
+        assert self.mic is not None, "publish_mic first"
+        rate = self.mic.sample_rate
+        frame_s = int(req.get("frame_ms", 10)) / 1000
+        n = round(rate * frame_s)
+        lead = round(float(req.get("lead_ms", 0)) / 1000 / frame_s)
+        loud = round(float(req.get("burst_ms", 100)) / 1000 / frame_s)
+        tail = round(float(req.get("tail_ms", 0)) / 1000 / frame_s)
+        quiet = rtc.AudioFrame(bytes(2 * n), rate, 1, n)
+        tone = array("h", (int(16_000 * math.sin(2 * math.pi * 1000 * i / rate)) for i in range(n)))
+        loud_frame = rtc.AudioFrame(tone.tobytes(), rate, 1, n)
+        ahead = bool(req.get("ahead", False))
+        start = time.monotonic()
+        at = queued = ended = 0.0
+        for i in range(lead + loud + tail):
+            if not ahead:
+                await asyncio.sleep(max(0.0, start + i * frame_s - time.monotonic()))
+            if i == lead:
+                at, queued = time.monotonic(), self.mic.queued_duration
+            await self.mic.capture_frame(loud_frame if lead <= i < lead + loud else quiet)
+            if i == lead + loud - 1:
+                ended = time.monotonic()
+        return {"at": at, "queued_s": queued, "ended_at": ended}
+
+    async def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
+        stats = await self.room.get_rtc_stats()
+        inbound = []
+        # With LiveKit's single peer connection the received streams are on the publisher's.
+        for entry in [*stats.subscriber_stats, *stats.publisher_stats]:
+            if entry.WhichOneof("stats") != "inbound_rtp" or entry.inbound_rtp.stream.kind != "audio":
+                continue
+            got = entry.inbound_rtp.inbound
+            inbound.append(
+                {
+                    "id": entry.inbound_rtp.rtc.id,
+                    "jitter_buffer_delay_s": got.jitter_buffer_delay,
+                    "jitter_buffer_emitted_count": got.jitter_buffer_emitted_count,
+                    "jitter_buffer_target_delay_s": got.jitter_buffer_target_delay,
+                    "jitter_buffer_minimum_delay_s": got.jitter_buffer_minimum_delay,
+                    "concealed_samples": got.concealed_samples,
+                    "total_samples_received": got.total_samples_received,
+                }
+            )
+        return {"inbound": inbound}
 
     async def op_wait_speech(self, req: dict[str, Any]) -> dict[str, Any]:
         after = float(req.get("after", 0))
@@ -387,8 +461,8 @@ class PeerProgram:
                 result: dict[str, Any] = {
                     "first_loud_at": frames[first][0],
                     "last_loud_at": frames[last][0],
-                    "rate": RECORD_RATE,
-                    "seconds": (last - first + 1) * RECORD_FRAME_MS / 1000,
+                    "rate": self.record_rate,
+                    "seconds": sum(len(f[1]) for f in frames[first : last + 1]) / 2 / self.record_rate,
                 }
                 if req.get("path"):
                     keep = frames[max(0, first - 15) : last + 15]
