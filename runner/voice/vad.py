@@ -205,6 +205,8 @@ class Vad(Protocol):
 
 # Silero's model runs at 16 kHz (512-sample windows) or 8 kHz (256); other rates are resampled.
 _SILERO_RATES_HZ = (16_000, 8_000)
+# Each window is judged loud or quiet in pieces this many to a window (8 ms at 16 kHz).
+_PIECES = 4
 # Idle models kept for the next call; each holds about 10 MB and takes about 80 ms to load.
 _MAX_IDLE_MODELS = 4
 
@@ -253,16 +255,34 @@ class SileroVad:
 
     The model gives each 32 ms window a speech probability. Speech starts once
     ``min_speech_ms`` of windows reach ``threshold`` and goes on while windows stay at or
-    above ``threshold - 0.15`` (Silero's own hysteresis); ``silence_ms`` below that ends it.
+    above ``threshold - 0.15`` (Silero's own hysteresis). The onset is Silero's alone, so
+    noise, clicks and chords start nothing.
+
+    The end is counted from the last speech, not from Silero's release: the model's
+    probability stays high for about 70 to 150 ms after the voice stops (its memory of the
+    audio before), so counting from the last window it rates speech would make 500 ms of
+    silence 600 or more. Each window is cut into 8 ms pieces; speech is a piece that
+    Silero's window rates speech *and* that is loud: ``margin_db`` above the room (the
+    quietest piece of the last 2 s) and at most ``range_db`` below the voice (the loudest
+    window of the utterance), so the fading tail of the last sound is not speech. The
+    silence that ends an utterance (and a pause) runs from the end of the last speech piece,
+    and quiet audio after it is silence as soon as it arrives, before Silero has rated its
+    window. Quiet audio that Silero goes on rating speech for longer than its echo
+    (``echo_ms``) is speech all the same: a voice too soft for the room is not cut off.
     Audio at a rate other than 16 or 8 kHz goes through one streaming soxr resampler.
 
     Args:
         sample_rate_hz: rate of the PCM fed in.
-        silence_ms: quiet time that ends an utterance (the end-of-turn silence).
+        silence_ms: quiet time after the last speech that ends an utterance (the
+            end-of-turn silence).
         min_speech_ms: speech time needed before speech counts as started.
         threshold: the probability that starts speech.
         pause_ms: a shorter quiet time, reported as ``"pause"`` while speech goes on
             (a listener decodes what it has at a pause); ``None`` for no pauses.
+        margin_db: how far above the room's level a piece must be to be speech.
+        range_db: how far below the voice's loudest window a piece may be and be speech.
+        echo_ms: how long Silero may go on rating quiet audio speech after the last speech
+            before that audio counts as speech.
     """
 
     def __init__(
@@ -273,6 +293,9 @@ class SileroVad:
         min_speech_ms: int = 64,
         threshold: float = 0.5,
         pause_ms: int | None = None,
+        margin_db: float = 6.0,
+        range_db: float = 35.0,
+        echo_ms: int = 192,
     ) -> None:
         if sample_rate_hz <= 0:
             raise ValueError(f"sample_rate_hz must be positive, got {sample_rate_hz}")
@@ -283,23 +306,32 @@ class SileroVad:
         self.min_speech_ms = min_speech_ms
         self.pause_ms = pause_ms
         self.threshold = threshold
+        self.margin_db = margin_db
+        self.range_db = range_db
+        self.echo_ms = echo_ms
         self._stop = threshold - 0.15
         model_rate = sample_rate_hz if sample_rate_hz in _SILERO_RATES_HZ else _SILERO_RATES_HZ[0]
         self._model: Any = silero_models.acquire(model_rate)
         self._window = int(self._model.window_size_samples)
+        self._piece = self._window // _PIECES
         self.window_ms = self._window * 1000 / model_rate
+        self._piece_ms = self.window_ms / _PIECES
+        # soxr's quick (cubic) quality: its better ones hold back 20-50 ms of the stream,
+        # which every decision here would wait for; Silero does not need their filter.
         self._resampler = (
             None
             if model_rate == sample_rate_hz
-            else soxr.ResampleStream(sample_rate_hz, model_rate, 1, dtype="float32")
+            else soxr.ResampleStream(sample_rate_hz, model_rate, 1, dtype="float32", quality="QQ")
         )
         self._pending = np.zeros(0, dtype=np.float32)
+        # The room's level: the pieces' levels over the last 2 s (their minimum).
+        self._levels: deque[float] = deque(maxlen=int(2000 / self._piece_ms))
         self._windows = 0
         self._state: Literal["silence", "onset", "speech"] = "silence"
         self._onset_ms = 0.0
         self._voiced_ms = 0.0
-        self._last_voiced_end_ms = 0.0
-        self._quiet_ms = 0.0
+        self._last_speech_ms = 0.0
+        self._voice_dbfs = _FLOOR_DBFS
         self._paused = False
         self.last_probability = 0.0
 
@@ -329,10 +361,13 @@ class SileroVad:
         events: list[VadEvent] = []
         for start in range(0, whole, size):
             window = np.ascontiguousarray(data[start : start + size], dtype=np.float32)
-            self.last_probability = float(self._model.process(memoryview(window.data)))
-            event = self._step(self.last_probability)
-            if event is not None:
-                events.append(event)
+            events += self._step(window)
+        if self._state == "speech":
+            # Quiet audio short of a window is silence already, whatever Silero will say of it.
+            pieces = self._pending[: self._pending.size - self._pending.size % self._piece]
+            loud = _levels_dbfs(pieces.reshape(-1, self._piece)) >= self._speech_dbfs()
+            quiet = int(np.argmax(loud)) if loud.any() else loud.size
+            events += self._silence(self.position_ms + quiet * self._piece_ms)
         return events
 
     def flush(self) -> list[VadEvent]:
@@ -341,7 +376,7 @@ class SileroVad:
         was = self._state
         self._state = "silence"
         if was == "speech":
-            return [VadEvent(kind="speech_ended", at_ms=self._last_voiced_end_ms)]
+            return [VadEvent(kind="speech_ended", at_ms=self._last_speech_ms)]
         return []
 
     def close(self) -> None:
@@ -350,44 +385,76 @@ class SileroVad:
         if model is not None:
             silero_models.release(model)
 
-    def _step(self, p: float) -> VadEvent | None:
+    def _speech_dbfs(self) -> float:
+        """The level a piece needs to be speech: above the room of the last 2 s, near the voice."""
+        room = min(self._levels) if self._levels else _FLOOR_DBFS
+        return max(room + self.margin_db, self._voice_dbfs - self.range_db)
+
+    def _step(self, window: np.ndarray) -> list[VadEvent]:
         start_ms = self._windows * self.window_ms
         self._windows += 1
         end_ms = start_ms + self.window_ms
-        if self._state == "silence":
-            if p < self.threshold:
-                return None
+        levels = _levels_dbfs(window.reshape(-1, self._piece))
+        p = self.last_probability = float(self._model.process(memoryview(window.data)))
+        if self._state == "silence" and p >= self.threshold:
             self._state = "onset"
             self._onset_ms = start_ms
             self._voiced_ms = 0.0
+            self._voice_dbfs = _FLOOR_DBFS
+        if self._state != "silence" and p >= self._stop:
+            window_dbfs = 10.0 * np.log10(np.mean(10.0 ** (levels / 10.0)))
+            self._voice_dbfs = max(self._voice_dbfs, float(window_dbfs))
+        loud = levels >= self._speech_dbfs()
+        self._levels.extend(levels.tolist())
+        if self._state == "silence":
+            return []
         if self._state == "onset":
             if p < self._stop:
                 self._state = "silence"
-                return None
+                return []
             self._voiced_ms += self.window_ms
-            self._last_voiced_end_ms = end_ms
-            if self._voiced_ms >= self.min_speech_ms:
-                self._state = "speech"
-                self._quiet_ms = 0.0
-                self._paused = False
-                return VadEvent(kind="speech_started", at_ms=self._onset_ms)
-            return None
+            self._last_speech_ms = end_ms
+            if self._voiced_ms < self.min_speech_ms:
+                return []
+            self._state = "speech"
+            self._paused = False
+            return [VadEvent(kind="speech_started", at_ms=self._onset_ms)]
         if p >= self._stop:
-            self._last_voiced_end_ms = end_ms
-            self._quiet_ms = 0.0
-            if self._paused:
-                self._paused = False
-                return VadEvent(kind="resumed", at_ms=start_ms)
-            return None
-        self._quiet_ms += self.window_ms
-        if self._quiet_ms >= self.silence_ms:
+            if loud.any():
+                spoke_until = start_ms + (int(np.flatnonzero(loud)[-1]) + 1) * self._piece_ms
+            elif end_ms - self._last_speech_ms > self.echo_ms:
+                spoke_until = end_ms  # longer than Silero's echo: a voice too soft for the room
+            else:
+                spoke_until = 0.0
+            if spoke_until > self._last_speech_ms:
+                self._last_speech_ms = spoke_until
+                if self._paused:
+                    self._paused = False
+                    return [VadEvent(kind="resumed", at_ms=start_ms)]
+                return []
+        return self._silence(end_ms)
+
+    def _silence(self, now_ms: float) -> list[VadEvent]:
+        """The events of the quiet from the last speech up to ``now_ms``."""
+        if self._state != "speech":
+            return []
+        quiet_ms = now_ms - self._last_speech_ms
+        if quiet_ms >= self.silence_ms:
             self._state = "silence"
             self._paused = False
-            return VadEvent(kind="speech_ended", at_ms=self._last_voiced_end_ms)
-        if self.pause_ms is not None and not self._paused and self._quiet_ms >= self.pause_ms:
+            return [VadEvent(kind="speech_ended", at_ms=self._last_speech_ms)]
+        # A pause is a bet that the caller is done: not while Silero still hears a voice.
+        released = self.last_probability < self._stop
+        if self.pause_ms is not None and not self._paused and released and quiet_ms >= self.pause_ms:
             self._paused = True
-            return VadEvent(kind="pause", at_ms=self._last_voiced_end_ms)
-        return None
+            return [VadEvent(kind="pause", at_ms=self._last_speech_ms)]
+        return []
+
+
+def _levels_dbfs(pieces: np.ndarray) -> np.ndarray:
+    """The level of each row of float samples, in dBFS (never below -100)."""
+    power = np.mean(np.square(pieces, dtype=np.float64), axis=1) if pieces.size else np.zeros(0)
+    return 10.0 * np.log10(np.maximum(power, 10 ** (_FLOOR_DBFS / 10)))
 
 
 def make_vad(kind: str, sample_rate_hz: int, *, silence_ms: int = 500, pause_ms: int | None = None) -> Vad:

@@ -2,7 +2,10 @@ import numpy as np
 import pytest
 
 from runner.providers.espeak import EspeakTTS
-from runner.voice.audio import frames
+from runner.providers.hibari import HibariTTS
+from runner.providers.whisper import WhisperSTT
+from runner.voice.audio import frames, resample_s16le
+from runner.voice.listener import PAUSE_MS, Listener
 from runner.voice.vad import VAD_KINDS, EnergyVad, SileroVad, VadEvent, make_vad
 
 RATE = 22_050
@@ -198,3 +201,61 @@ def test_make_vad_names_the_detectors() -> None:
     assert isinstance(make_vad("energy", 16_000), EnergyVad)
     with pytest.raises(ValueError, match="unknown VAD 'webrtc'"):
         make_vad("webrtc", 16_000)
+
+
+# --- The silence clock: counted from the last speech, not from Silero's release -------------
+
+LIVEKIT_RATE = 48_000
+# A sample louder than this is the voice: where a recording's speech ends.
+VOICE_LEVEL = 300
+
+
+async def hibari(text: str, rate: int) -> np.ndarray:
+    tts = HibariTTS("heart")  # renders the same audio every time
+    pcm = b"".join([chunk async for chunk in tts.synthesize(text)])
+    return np.frombuffer(resample_s16le(pcm, tts.sample_rate_hz, rate), "<i2").astype(np.float64)
+
+
+def room(voice: np.ndarray, rate: int, noise_rms: float, seed: int = 0) -> tuple[bytes, float]:
+    """``voice`` after 0.5 s of a room's noise, then 2 s more of it; and where the voice ends, in ms."""
+    clip = np.concatenate([np.zeros(rate // 2), voice, np.zeros(2 * rate)])
+    end_ms = (np.flatnonzero(np.abs(clip) > VOICE_LEVEL)[-1] + 1) * 1000 / rate
+    clip += np.random.default_rng(seed).normal(0.0, noise_rms, clip.size)
+    return np.clip(np.rint(clip), -32768, 32767).astype("<i2").tobytes(), end_ms
+
+
+@pytest.mark.parametrize(
+    "text", ["Thank you very much, my name is John.", "Could you send someone to fix the air conditioning?"]
+)
+async def test_the_end_of_turn_silence_is_counted_from_the_last_speech(text: str) -> None:
+    clip, voice_end_ms = room(
+        await hibari(text, LIVEKIT_RATE), LIVEKIT_RATE, noise_rms=32768 * 10 ** (-55 / 20)
+    )
+    listener = Listener(WhisperSTT(), silence_ms=500)  # as a LiveKit call feeds it: 10 ms at 48 kHz
+    heard: list[tuple[str, float]] = []
+    for n, frame in enumerate(frames(clip, LIVEKIT_RATE, 10), start=1):
+        heard += [(type(h).__name__, n * 10.0) for h in listener.feed(frame, LIVEKIT_RATE)]
+    listener.close()
+
+    assert [kind for kind, _ in heard] == ["SpeechStarted", "SpeechPaused", "SpeechEnded"], heard
+    paused_at, ended_at = heard[1][1], heard[2][1]
+    # The turn ends with the frame that completes 500 ms after the voice's last sound, within
+    # one of Silero's windows (32 ms), not when Silero's probability has fallen (70-150 ms later).
+    assert ended_at == pytest.approx(voice_end_ms + 500, abs=32), (voice_end_ms, heard)
+    # The pause comes once Silero no longer hears a voice, PAUSE_MS after the last sound at the least.
+    assert voice_end_ms + PAUSE_MS - 32 <= paused_at < voice_end_ms + 200, (voice_end_ms, heard)
+
+
+async def test_a_voice_in_loud_noise_is_one_utterance() -> None:
+    # Under noise 6 dB below the voice, the voice's soft sounds are no louder than the room:
+    # Silero still hears them, and quiet audio it hears for longer than its echo is speech.
+    voice = await hibari("My flight lands late, so please keep the room for me.", 16_000)
+    level = np.sqrt(np.mean(voice[np.abs(voice) > VOICE_LEVEL] ** 2))
+    clip, _ = room(voice, 16_000, noise_rms=level / 2, seed=4)
+    vad = SileroVad(16_000, silence_ms=500, pause_ms=120)
+    events = [e for frame in frames(clip, 16_000, 10) for e in vad.feed(frame)]
+    vad.close()
+    assert [e.kind for e in events if e.kind in ("speech_started", "speech_ended")] == [
+        "speech_started",
+        "speech_ended",
+    ]
