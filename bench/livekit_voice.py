@@ -55,12 +55,16 @@ LEAD_S = 0.5
 # The runner's moments of a spoken turn, in the order they happen on the new path.
 MOMENTS = (
     "paused",
+    "decoding",
     "decoded",
     "model_asked_early",
     "model_first_text_early",
+    "tts_first_audio_early",
     "turn_ended",
     "turn_started",
+    "early_reply_taken",
     "model_first_text",
+    "early_audio_taken",
     "tts_first_audio",
     "published_first_audio",
 )
@@ -302,7 +306,7 @@ async def concurrency(
             level = {
                 "calls": n,
                 "end_of_speech_to_first_audio_ms": stats,
-                "stages_p50_ms": stage_p50s(out.stages),
+                "stages_p50_ms": stage_stats(out.stages),
                 "runner_rss_mb": rss_during[0] if rss_during else None,
                 "runner_rss_idle_mb": idle_mb,
                 "memory_per_call_mb": (rss_during[0] - idle_mb) / n if rss_during and idle_mb else None,
@@ -326,13 +330,13 @@ async def concurrency(
                 break
 
 
-def stage_p50s(turns: list[dict[str, float]]) -> dict[str, float]:
-    """Each moment's p50 over the turns that have it, in ms after the end of speech."""
+def stage_stats(turns: list[dict[str, float]], q: str = "p50") -> dict[str, float]:
+    """Each moment's percentile ``q`` over the turns that have it, in ms after the end of speech."""
     out: dict[str, float] = {}
     for moment in (*MOMENTS, "received"):
         values = [t[moment] for t in turns if moment in t]
         if values:
-            out[moment] = float(summarize(values)["p50"])
+            out[moment] = float(summarize(values)[q])
     return out
 
 
@@ -375,7 +379,17 @@ async def run(
         "load_average_at_start": list(load_at_start),
         "load_average_at_end": list(os.getloadavg()),
         "latency_ms": {agent: summarize(result[agent].latencies, scale=1000) for agent in agents},
-        "stages_p50_ms": {agent: stage_p50s(result[agent].stages) for agent in agents},
+        "stages_p50_ms": {agent: stage_stats(result[agent].stages) for agent in agents},
+        "stages_p99_ms": {agent: stage_stats(result[agent].stages, "p99") for agent in agents},
+        # Turns whose reply, and whose first audio, were the ones made before the turn ended.
+        "early_taken": {
+            agent: {
+                "turns": len(result[agent].stages),
+                "reply": sum("early_reply_taken" in t for t in result[agent].stages),
+                "audio": sum("early_audio_taken" in t for t in result[agent].stages),
+            }
+            for agent in agents
+        },
         "samples_ms": {agent: [round(v * 1000, 1) for v in result[agent].latencies] for agent in agents},
         "stages_ms": {agent: result[agent].stages for agent in agents},
         "concurrency": result["concurrency"],
@@ -415,24 +429,38 @@ def main() -> None:
         [AGENT_NAMES[a], s.get("n", 0), f"{s.get('p50', 0):.0f}", f"{s.get('p99', 0):.0f}"]
         for a, s in latency_ms.items()
     ]
-    base = latency_ms.get("old", {})
-    for agent, s in latency_ms.items():
-        if agent != "old" and base.get("p50") and s.get("p50"):
-            rows.append(
-                [f"{agent} / old", "", f"{s['p50'] / base['p50']:.2f}", f"{s['p99'] / base['p99']:.2f}"]
-            )
+    for baseline in ("old", "new" + BEFORE):
+        base = latency_ms.get(baseline, {})
+        for agent, s in latency_ms.items():
+            if agent not in ("old", baseline) and base.get("p50") and s.get("p50"):
+                rows.append(
+                    [
+                        f"{agent} / {baseline}",
+                        "",
+                        f"{s['p50'] / base['p50']:.2f}",
+                        f"{s['p99'] / base['p99']:.2f}",
+                    ]
+                )
     print_table(["end of speech -> first audio", "n", "p50 ms", "p99 ms"], rows)
-    stage_rows = result["stages_p50_ms"]
+    p50s, p99s = result["stages_p50_ms"], result["stages_p99_ms"]
     print_table(
-        ["p50 ms after the end of speech", *stage_rows],
+        ["ms after the end of speech, p50 / p99", *p50s],
         [
             [
                 moment,
-                *(f"{stage_rows[a][moment]:.0f}" if moment in stage_rows[a] else "-" for a in stage_rows),
+                *(
+                    f"{p50s[a][moment]:.0f} / {p99s[a][moment]:.0f}" if moment in p50s[a] else "-"
+                    for a in p50s
+                ),
             ]
             for moment in (*MOMENTS, "received")
         ],
     )
+    for agent, taken in result["early_taken"].items():
+        say(
+            f"{agent}: the early reply taken in {taken['reply']} of {taken['turns']} turns, "
+            f"its early audio in {taken['audio']}"
+        )
     print_table(
         [
             "calls at once",

@@ -809,6 +809,7 @@ class AgentRuntime:
                     heard = await speech.wait()
                     prefetched = speech.prefetched
                 else:
+                    mark("decoding")
                     with stage("stt", self._providers.stt(self.current()[2])):
                         heard = await self._listener.transcribe(speech)
                     mark("decoded")
@@ -857,6 +858,7 @@ class AgentRuntime:
 
         async def transcribe() -> Any:
             # Before any turn exists: this transcription's span is a child of the call.
+            mark("decoding")
             with stage("stt", recognizer):
                 heard = await listener.transcribe(
                     SpeechEnded(pcm=paused.pcm, sample_rate_hz=paused.sample_rate_hz)

@@ -195,6 +195,7 @@ class Preempted:
     ) -> AsyncIterator[LLMEvent]:
         prefetched = self._prefetched
         if not prefetched.taken and prefetched.matches(messages, tools):
+            mark("early_reply_taken")
             return prefetched.replay()
         if not prefetched.taken:
             prefetched.cancel()
@@ -224,6 +225,7 @@ class PreSpoken:
             and speech.tts is self._tts
             and speech.text == text
         ):
+            mark("early_audio_taken")
             return speech.replay()
         return self._tts.synthesize(text)
 
