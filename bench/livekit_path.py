@@ -16,8 +16,13 @@ The subscriber also reports WebRTC's mean jitter-buffer delay over the run (its
 Each row changes one knob from the runner's own configuration (``today out``: the agent's
 voice, a 48 kHz source with a 200 ms queue that idles between replies, heard by a caller
 that reads 48 kHz in 20 ms frames); the last rows are the runner's configuration after
-issue 18's media work and what the caller's side of a turn sends (``in``). Results go to
-``bench/results/livekit_path-<UTC>.json``.
+issue 18's media work and what the caller's side of a turn sends (``in``).
+
+Then the runner's own side of the way in, with no network and no clock (it does not depend on
+the load): the caller's sentence fed to the runner's ``Listener`` (Silero) in the frames the
+transport hands on, before (48 kHz, 20 ms: soxr to 16 kHz inside the VAD) and now; how much
+audio past the sentence's last loud sample it took to report the pause and the end of the
+turn. Results go to ``bench/results/livekit_path-<UTC>.json``.
 """
 
 from __future__ import annotations
@@ -29,10 +34,15 @@ import time
 from typing import Any
 
 import attrs
+import numpy as np
+import soxr
 import trio
 
+from runner.transports.livekit import AUDIO_IN_FRAME_MS, AUDIO_IN_RATE_HZ
+from runner.voice.listener import Listener, SpeechEnded, SpeechPaused
+
 from ._common import cpu_report, cpu_sample, machine_info, print_table, say, summarize, write_results
-from .livekit import livekit_env
+from .livekit import SPEECH_LEVEL, livekit_env, sentence_file
 
 BURST_MS = 100
 GAP_S = 0.35  # idle time between bursts (and a random 0-20 ms more, so the 10 ms ticks vary)
@@ -199,13 +209,54 @@ async def _jitter(sub: Any) -> tuple[float, int, float]:
     )
 
 
+#: How the runner's transport hands the caller's audio on (rate, frame ms): before issue 18's
+#: media work, and now.
+HANDED_ON = {"before": (48_000, 20), "now": (AUDIO_IN_RATE_HZ, AUDIO_IN_FRAME_MS)}
+PHASES = 10  # frame phases tried per way (the sentence starts 0..9 ms into a frame)
+
+
+async def vad_lag(workdir: Any) -> dict[str, dict[str, Any]]:
+    """The runner's own side of the way in, with no network: the caller's sentence (bench/livekit.py's)
+    fed to the runner's Listener (Silero, 500 ms end-of-turn silence, a pause at 200 ms) in the
+    frames the transport hands on; how much audio after the sentence's last loud sample was fed
+    when the pause and the end of the turn were reported (the frame it came in included: a
+    frame is handed on once it is whole). Only the rate and frame size differ between the rows."""
+    path, rate, _ = await sentence_file(workdir, lead_s=0.5)
+    pcm = np.frombuffer(path.read_bytes(), dtype="<i2").astype(np.float32)
+    out: dict[str, dict[str, Any]] = {}
+    for name, (to_rate, frame_ms) in HANDED_ON.items():
+        audio = np.clip(soxr.resample(pcm, rate, to_rate), -32768, 32767).astype("<i2")
+        step = to_rate * frame_ms // 1000
+        paused: list[float] = []
+        ended: list[float] = []
+        for phase_ms in range(PHASES):
+            shifted = audio[phase_ms * to_rate // 1000 :]
+            speech_end = (int(np.flatnonzero(np.abs(shifted) > SPEECH_LEVEL)[-1]) + 1) / to_rate
+            listener = Listener(None, silence_ms=500)  # type: ignore[arg-type]  # feed() never asks the recognizer
+            seen: dict[type, float] = {}
+            for start in range(0, len(shifted) - step + 1, step):
+                for heard in listener.feed(shifted[start : start + step].tobytes(), to_rate):
+                    seen.setdefault(type(heard), (start + step) / to_rate - speech_end)
+            listener.close()
+            paused.append(seen[SpeechPaused])
+            ended.append(seen[SpeechEnded])
+        out[name] = {
+            "rate_hz": to_rate,
+            "frame_ms": frame_ms,
+            "paused_after_speech_ms": summarize(paused, scale=1000),
+            "ended_after_speech_ms": summarize(ended, scale=1000),
+        }
+    return out
+
+
 async def run(bursts: int, rounds: int, names: list[str] | None) -> dict[str, Any]:
     """Each configuration ``rounds`` times, in turn, so a change of load meets each alike."""
     began = time.perf_counter()
     load_at_start = os.getloadavg()
     configs = [c for c in CONFIGS if names is None or c.name in names]
     measured = {c.name: Measured() for c in configs}
-    async with livekit_env("bench-lkpath-") as (_, env):
+    async with livekit_env("bench-lkpath-") as (workdir, env):
+        runner_side = await vad_lag(workdir)
         cpu_start = cpu_sample()
         for n in range(rounds):
             for config in configs:
@@ -221,6 +272,7 @@ async def run(bursts: int, rounds: int, names: list[str] | None) -> dict[str, An
         "load_average_at_start": list(load_at_start),
         "load_average_at_end": list(os.getloadavg()),
         "configs": [report(c, measured[c.name]) for c in configs],
+        "runner_vad": runner_side,
         "cpu": cpu_report(cpu_start, cpu_end),
     }
 
@@ -259,6 +311,17 @@ def main() -> None:
                 row["config"]["what"],
             ]
             for row in result["configs"]
+        ],
+    )
+    print_table(
+        ["the runner's VAD, fed as handed on", "pause found, ms of audio after speech", "turn ended"],
+        [
+            [
+                f"{name}: {row['rate_hz'] // 1000} kHz, {row['frame_ms']} ms",
+                f"{row['paused_after_speech_ms']['mean']:.0f}",
+                f"{row['ended_after_speech_ms']['mean']:.0f}",
+            ]
+            for name, row in result["runner_vad"].items()
         ],
     )
     say(f"results: {path}")

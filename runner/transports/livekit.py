@@ -86,12 +86,18 @@ REQUEST_WAIT_S = 10.0  # a request that arrives before the agent's runtime took 
 REQUESTS_CANCEL_TIMEOUT_S = 2.0
 RECONNECT_LIMIT_S = 20.0  # a reconnect taking longer than this is a lost room
 
-AUDIO_IN_RATE_HZ = 48_000  # Opus decodes at 48 kHz: the caller's audio arrives at its own rate
+# The caller's audio at the rate the recognizers and Silero work at: WebRTC's sink resamples
+# Opus's 48 kHz as it hands each frame over, where a streaming resampler in the runner would
+# hold audio back (soxr's, 20 ms on average) and cost CPU per frame.
+AUDIO_IN_RATE_HZ = 16_000
+# The frames WebRTC's playout clock makes: a longer one would wait for its second half.
+AUDIO_IN_FRAME_MS = 10
 AUDIO_OUT_RATE_HZ = 48_000
-AUDIO_FRAME_MS = 20
+AUDIO_OUT_FRAME_MS = 20
 AUDIO_OUT_QUEUE_MS = 200  # how far publish_audio runs ahead of what the caller hears
 RESAMPLER_FLUSH_IDLE_S = 0.06  # flush the resampler's tail once no more speech follows
-MAX_AUDIO_BACKLOG_FRAMES = 500  # 10 s of caller audio not yet taken: drop, do not hoard
+# 10 s of caller audio not yet taken: drop, do not hoard.
+MAX_AUDIO_BACKLOG_FRAMES = 10_000 // AUDIO_IN_FRAME_MS
 
 Kind = Literal["caller", "app", "sip", "agent", "transfer_target"]
 _CALLER_KINDS = ("caller", "sip")
@@ -625,7 +631,7 @@ class LiveKitSession:
 
     async def _a_read_audio(self, track: rtc.Track) -> None:
         stream = rtc.AudioStream(
-            track, sample_rate=AUDIO_IN_RATE_HZ, num_channels=1, frame_size_ms=AUDIO_FRAME_MS
+            track, sample_rate=AUDIO_IN_RATE_HZ, num_channels=1, frame_size_ms=AUDIO_IN_FRAME_MS
         )
         try:
             async for event in stream:
@@ -769,7 +775,7 @@ def _recipient_gone() -> rtc.RpcError:
 
 
 def _split(data: bytes) -> list[rtc.AudioFrame]:
-    step = AUDIO_OUT_RATE_HZ * AUDIO_FRAME_MS // 1000 * 2
+    step = AUDIO_OUT_RATE_HZ * AUDIO_OUT_FRAME_MS // 1000 * 2
     frames = []
     for start in range(0, len(data), step):
         chunk = data[start : start + step]

@@ -433,10 +433,10 @@ async def test_the_transport_alone(livekit: LiveKitEnv, tmp_path: Path) -> None:
             assert played["returned_at"] - played["cleared_at"] < 0.5
             quiet = await caller.request("wait_quiet", after=played["started_at"], quiet_ms=1000, within=8)
             assert quiet["last_loud_at"] - played["cleared_at"] < 0.6
-            # The caller's microphone reaches the session as 48 kHz mono PCM.
+            # The caller's microphone reaches the session as 16 kHz mono PCM in 10 ms frames.
             await caller.request("play", path=str(await tone_file(tmp_path)), rate=48_000)
             audio = await lines.expect("audio")
-            assert (audio["rate"], audio["bytes"]) == (48_000, 48_000 * 2 * 20 // 1000)
+            assert (audio["rate"], audio["bytes"]) == (16_000, 16_000 * 2 * 10 // 1000)
             await caller.send({"id": 0, "op": "quit"})
             left = await lines.expect("participant", timeout=10)
             assert (left["change"], left["identity"], left["reachable"]) == ("left", "caller", "no_app")
