@@ -236,7 +236,8 @@ async def vad_lag(workdir: Any) -> dict[str, dict[str, Any]]:
             seen: dict[type, float] = {}
             for start in range(0, len(shifted) - step + 1, step):
                 for heard in listener.feed(shifted[start : start + step].tobytes(), to_rate):
-                    seen.setdefault(type(heard), (start + step) / to_rate - speech_end)
+                    if SpeechEnded not in seen:  # the last pause before the end is the one that counts
+                        seen[type(heard)] = (start + step) / to_rate - speech_end
             listener.close()
             paused.append(seen[SpeechPaused])
             ended.append(seen[SpeechEnded])
