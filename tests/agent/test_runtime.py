@@ -399,6 +399,35 @@ async def test_an_early_request_is_dropped_when_the_caller_goes_on(
     assert [m.content for m in call.runtime.history] == [late, "Nice to meet you, John."]
 
 
+@pytest.mark.slow
+async def test_a_quarter_second_gap_is_a_pause_whose_early_request_is_dropped(
+    journal: Journal, fake: FakeOpenAI
+) -> None:
+    # The end-of-turn silence is the default 500 ms; a 250 ms gap between two phrases is a pause
+    # (120 ms after the last speech), so the first phrase is decoded and the model asked, and then
+    # the caller goes on: the turn is the whole utterance, asked afresh.
+    fake.enqueue(stalling_reply(["You are welcome. "]), text_reply("Nice to meet you, John."))
+    first = await speech("Thank you very much.")
+    second = await speech("My name is John.")
+    agent = Agent(
+        "short-pause", instructions="You greet people.", llm=remote_llm(fake), stt=STT(provider="whisper")
+    )
+    async with open_call(agent, journal) as call:
+        send_pcm(call.caller, silence(0.5) + first + silence(0.25))
+        await wait_requests(fake, 1)  # no more audio: the turn cannot end meanwhile
+        send_pcm(call.caller, second + silence(1.0))
+        result = await call.next_result(seconds=30)
+        with trio.move_on_after(0.5):
+            await call.results.receive()
+            raise AssertionError("a second turn ran")
+
+    early, late = (r.json()["messages"][-1]["content"] for r in fake.requests)
+    assert words_of(early) == {"thank", "you", "very", "much"}, early
+    assert result.heard == late and {"thank", "much", "name"} <= words_of(late), late
+    assert (result.text, result.interrupted) == ("Nice to meet you, John.", False)
+    assert [m.content for m in call.runtime.history] == [late, "Nice to meet you, John."]
+
+
 # -- barge-in ---------------------------------------------------------------------------------
 
 SPA_TEXT = ["The spa is open from nine in the morning. ", "It has a heated pool, "]

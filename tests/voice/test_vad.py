@@ -259,3 +259,15 @@ async def test_a_voice_in_loud_noise_is_one_utterance() -> None:
         "speech_started",
         "speech_ended",
     ]
+
+
+async def test_a_pause_waits_until_silero_no_longer_hears_the_voice() -> None:
+    # Under noise 10 dB below the voice its last sounds are no louder than the room, but Silero
+    # still hears them: a pause counted from the loud audio alone would be taken back by them.
+    voice = await hibari("Thank you very much, my name is John.", 16_000)
+    level = np.sqrt(np.mean(voice[np.abs(voice) > VOICE_LEVEL] ** 2))
+    clip, _ = room(voice, 16_000, noise_rms=level / np.sqrt(10))
+    vad = SileroVad(16_000, silence_ms=500, pause_ms=120)
+    events = [e.kind for frame in frames(clip, 16_000, 10) for e in vad.feed(frame)]
+    vad.close()
+    assert events == ["speech_started", "pause", "speech_ended"]
