@@ -30,9 +30,9 @@ DEFAULT_VOICE = "heart"
 _PIECE_MS = 60
 # hibari starts every phrase with about 300 ms of quiet (200 ms of digital zero, then a
 # fade-in): a reply would start that late. Its start is cut to this much before the first
-# sample louder than -60 dBFS; its end (about 450 ms of quiet) stays, as the pause before
-# the next sentence.
-_LEAD_MS = 30
+# sample louder than -60 dBFS (hibari's fade-in rises from there without a click); its end
+# (about 450 ms of quiet) stays, as the pause before the next sentence.
+_LEAD_MS = 5
 _SOUND = 10 ** (-60 / 20)
 
 
