@@ -1,6 +1,6 @@
 """The soak: a runner under steady mixed load, killed with SIGKILL every minute, for ten minutes.
 
-    python -m bench.soak [--minutes M] [--kill-every-s S] [--seed N] [--figure PATH] [--quick]
+    python -m bench.soak [--minutes M] [--kill-every-s S] [--retention N] [--seed N] [--figure PATH] [--quick]
 
 The load is the kill trials' (tests/faults/kill_load.py): calls started and stopped, host
 messages, records the agent sends the host, agent-socket conversations, followers of the
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sqlite3
 import sys
 import tempfile
 import time
@@ -75,20 +76,38 @@ async def _sample(
         await trio.sleep(1)
 
 
+def _tables(journal: Path) -> dict[str, Any]:
+    """What the journal file holds at the end: each table's rows and KiB (indexes included)."""
+    conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
+    try:
+        kib = {
+            name: size // 1024
+            for name, size in conn.execute(
+                "SELECT coalesce(m.tbl_name, s.name), sum(s.pgsize) FROM dbstat AS s"
+                " LEFT JOIN sqlite_master AS m ON m.name = s.name GROUP BY 1 ORDER BY 2 DESC"
+            )
+        }
+        rows = {name: conn.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name in kib}
+        closed = conn.execute("SELECT count(*) FROM producers WHERE closed = 1").fetchone()[0]
+    finally:
+        conn.close()
+    return {"kib": kib, "rows": rows, "closed_producers": closed}
+
+
 def _peak(samples: list[dict[str, float]], key: str, start: float, end: float) -> float | None:
     values = [s[key] for s in samples if start <= s["t_s"] < end]
     return max(values) if values else None
 
 
 async def soak(
-    journal: Path, *, minutes: float, kill_every_s: float, seed: int, load: Load
+    journal: Path, *, minutes: float, kill_every_s: float, seed: int, load: Load, retention: int = RETENTION
 ) -> dict[str, Any]:
     samples: list[dict[str, float]] = []
     kills: list[float] = []
     per_kill: list[dict[str, Any]] = []
     began = time.perf_counter()
     deadline = began + minutes * 60
-    async with KillTrials(journal, seed=seed, load=load, retention=RETENTION).open() as harness:
+    async with KillTrials(journal, seed=seed, load=load, retention=retention).open() as harness:
         tally = harness.tally
         while time.perf_counter() < deadline:
             before = tally.summary()
@@ -127,15 +146,20 @@ async def soak(
             "last": peaks[-1] if peaks else None,
             "growth": growth,
         }
+    # The journal file grows while the retention window fills; after that it should not.
+    files = [m["db_peak_mib"] for m in by_minute if m["db_peak_mib"]]
+    half = len(files) // 2
+    late_growth = (files[-1] - files[half]) / (len(files) - 1 - half) if len(files) >= 3 else None
     return {
         **summary,
         "kills_at_s": kills,
+        "db_growth_mib_per_minute": late_growth,
         "per_kill": per_kill,
         "samples": samples,
         "by_minute": by_minute,
         "flat": flat,
         "flat_within": FLAT_WITHIN,
-        "retention": RETENTION,
+        "retention": retention,
     }
 
 
@@ -145,6 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kill-every-s", type=float, default=60.0, help="seconds between kills (default 60)")
     parser.add_argument("--figure", type=Path, default=None, help="where to write the plot (PNG)")
     parser.add_argument("--quick", action="store_true", help="half a minute, a kill every 10 s")
+    parser.add_argument(
+        "--retention",
+        type=int,
+        default=RETENTION,
+        help=f"the runner's --retention (default {RETENTION}); the records between two kills must fit",
+    )
     add_load_arguments(parser)
     args = parser.parse_args(argv)
     minutes, kill_every_s = (0.5, 10.0) if args.quick else (args.minutes, args.kill_every_s)
@@ -154,9 +184,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:
         found = trio.run(
             lambda: soak(
-                Path(scratch) / "j.db", minutes=minutes, kill_every_s=kill_every_s, seed=seed, load=load
+                Path(scratch) / "j.db",
+                minutes=minutes,
+                kill_every_s=kill_every_s,
+                seed=seed,
+                load=load,
+                retention=args.retention,
             )
         )
+        found["tables"] = _tables(Path(scratch) / "j.db")
     results = {
         "benchmark": "soak",
         "command": "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -186,6 +222,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{label}: {fmt(f['first'])} MiB in the first minute, {fmt(f['last'])} MiB in the last"
                 f" (x{f['growth']:.2f}): {verdict} (flat = no more than x{FLAT_WITHIN})"
             )
+    tables = found["tables"]
+    print()
+    print_table(
+        ("at the end: table", "rows", "KiB"),
+        [[name, str(tables["rows"][name]), str(size)] for name, size in tables["kib"].items() if size > 4],
+    )
+    print(f"producers: {tables['rows']['producers']}, {tables['closed_producers']} of them closed")
+    files = [m["db_peak_mib"] for m in found["by_minute"]]
+    if found["db_growth_mib_per_minute"] is not None:
+        print(
+            f"journal file: {fmt(files[len(files) // 2])} MiB in minute {len(files) // 2 + 1},"
+            f" {fmt(files[-1])} MiB in the last: {found['db_growth_mib_per_minute']:+.3f} MiB a minute"
+            " in the second half (the retention window fills in the first)"
+        )
     try:
         from .report import soak_figure
 

@@ -481,11 +481,26 @@ def _upsert_producers_sql(rows: int) -> str:
     values = ",".join(f"(?{1 + i}, ?{1 + rows + i})" for i in range(rows))
     return (
         f"INSERT INTO producers (producer, last_seq) VALUES {values}"
-        " ON CONFLICT (producer) DO UPDATE SET last_seq = excluded.last_seq"
+        # A record after a closing one opens its producer again (a session id used for a new call).
+        " ON CONFLICT (producer) DO UPDATE SET last_seq = excluded.last_seq, closed = 0"
     )
 
 
 _CLOSE_PRODUCERS = "UPDATE producers SET closed = 1 WHERE producer IN (SELECT value FROM json_each(?))"
+
+# The closed producers whose last record the retention pass is about to prune: once it is gone,
+# all of theirs are (a producer's seqs rise with its envelopes), and the journal forgets them.
+_FORGET_PRODUCERS = (
+    "DELETE FROM producers WHERE producer IN (SELECT r.producer FROM records AS r"
+    " JOIN producers AS p ON p.producer = r.producer AND p.last_seq = r.seq"
+    " WHERE r.envelope <= ?1 AND p.closed = 1) RETURNING producer"
+)
+
+
+def _closers(producers: Sequence[str], closes: Sequence[bool]) -> list[str]:
+    """The producers whose last record in the batch closes them."""
+    last = dict(zip(producers, closes, strict=True))
+    return [producer for producer, closed in last.items() if closed]
 
 
 class _Writer:
@@ -565,14 +580,18 @@ class _Writer:
             for start, end in _chunks(len(touched)):
                 conn.execute(_upsert_producers_sql(end - start), [*touched[start:end], *lasts[start:end]])
             if True in closes:
-                conn.execute(_CLOSE_PRODUCERS, (_encode(list(compress(producers, closes))),))
-            conn.execute("DELETE FROM records WHERE envelope <= ?", (envelopes[-1] - self.retention_records,))
+                conn.execute(_CLOSE_PRODUCERS, (_encode(_closers(producers, closes)),))
+            cut = envelopes[-1] - self.retention_records
+            forgotten = conn.execute(_FORGET_PRODUCERS, (cut,)).fetchall() if cut > 0 else ()
+            conn.execute("DELETE FROM records WHERE envelope <= ?", (cut,))
             conn.execute("COMMIT")
         except BaseException:
             rollback(conn)
             raise
         self.head = envelopes[-1]
         self.seqs.update(last)
+        for (producer,) in forgotten:
+            self.seqs.pop(producer, None)
         size = sum(map(len, texts)) + _LINE_OVERHEAD * len(seqs)
         return records, _Lines(first, at, (producers, seqs, classes, texts), size)
 

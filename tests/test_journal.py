@@ -140,6 +140,51 @@ async def test_open_producers_are_those_without_a_closing_record(tmp_path: Path)
         assert await journal.open_producers(exclude=["runner"]) == ["a"]
 
 
+async def test_a_producer_written_after_its_closing_record_is_open_again(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path) as journal:
+        await journal.append("again", "c", {"call": 1}, closes=True)
+        await journal.append("again", "c", {"call": 2})  # a new call under the same session id
+        await journal.append_many(
+            [Entry(producer="x", cls="c", body={}, closes=True), Entry(producer="x", cls="c", body={})]
+        )
+        await journal.append_many(
+            [Entry(producer="y", cls="c", body={}), Entry(producer="y", cls="c", body={}, closes=True)]
+        )
+    async with open_journal(path) as journal:
+        # A crash now leaves "again" and "x" open: recovery must close them.
+        assert await journal.open_producers() == ["again", "x"]
+
+
+def _producer_rows(path: Path) -> dict[str, tuple[int, int]]:
+    conn = sqlite3.connect(path)
+    try:
+        return {p: (seq, closed) for p, seq, closed in conn.execute("SELECT * FROM producers")}
+    finally:
+        conn.close()
+
+
+async def test_retention_forgets_a_closed_producer_once_all_its_records_are_pruned(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with open_journal(path, retention_records=4) as journal:
+        await journal.append("ended", "c", {})
+        await journal.append("ended", "c", {}, closes=True)
+        await journal.append("open", "c", {})  # pruned, but its call goes on
+        await journal.append("held", "c", {}, closes=True)  # closed, with a record still held
+        for _ in range(3):
+            await journal.append("runner", "lifecycle", {})
+        assert (await journal.window()).oldest == 4
+        assert _producer_rows(path) == {"open": (1, 0), "held": (1, 1), "runner": (3, 0)}
+        # A new call under a forgotten id starts again at seq 1; the others' seqs go on.
+        reused = await journal.append_many(
+            [Entry(producer=p, cls="c", body={}) for p in ("ended", "held", "open")]
+        )
+        assert [(r.producer, r.seq) for r in reused] == [("ended", 1), ("held", 2), ("open", 2)]
+    async with open_journal(path, retention_records=4) as journal:
+        assert (await journal.append("ended", "c", {})).seq == 2  # forgotten in the file, not only in memory
+        assert await journal.open_producers(exclude=["runner"]) == ["ended", "held", "open"]
+
+
 async def test_journal_file_reads_beside_a_writer(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     async with open_journal(path) as journal:

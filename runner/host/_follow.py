@@ -45,7 +45,8 @@ class EventsCursor:
 
     Attributes:
         envelope: The last envelope yielded (the stream's exclusive ``from``).
-        seqs: Each producer's last seq seen, to drop repeats and spot seq gaps.
+        seqs: Each producer's last seq seen, to drop repeats and spot seq gaps; a producer is
+            forgotten at its ``curb.ended`` (its id may start again at seq 1 for a new call).
     """
 
     envelope: int = attrs.field(validator=attrs.validators.ge(0))
@@ -216,9 +217,12 @@ class EventFollower:
             seqs[producer] = last
             self.stats.duplicates += 1
             return None if contiguous else Lost(after=previous, before=envelope, reason="envelope_gap")
-        seqs[producer] = seq
-        if len(seqs) > MAX_PRODUCERS:
-            del seqs[next(iter(seqs))]
+        # Past its curb.ended the call is over and its seq forgotten: a later call under the
+        # same id may start again at seq 1 (docs/journal.md).
+        if record.cls != "conversation" or record.body.get("name") != "curb.ended":
+            seqs[producer] = seq
+            if len(seqs) > MAX_PRODUCERS:
+                del seqs[next(iter(seqs))]
         wanted = self._classes is None or record.cls in self._classes
         if not wanted:
             self.stats.skipped[record.cls] = self.stats.skipped.get(record.cls, 0) + 1
