@@ -103,10 +103,28 @@ class CallRecord:
         self.journal = journal
         self.session_id = session_id
 
-    async def event(self, name: str, payload: Mapping[str, Any], *, closes: bool = False) -> None:
+    async def event(self, name: str, payload: Mapping[str, Any]) -> None:
         """A conversation event: ``{type:"event", seq, at, name, payload}``."""
-        await self.journal.append(
-            self.session_id, "conversation", _event_body(name, payload), stamp=True, closes=closes
+        await self.journal.append(self.session_id, "conversation", _event_body(name, payload), stamp=True)
+
+    async def end(self, reason: str, messages: Mapping[str, Any] | None) -> None:
+        """The call's last records: ``curb.messages`` (for a call with an agent), then ``curb.ended``.
+
+        One transaction: one commit (one fsync), and a crash leaves both or neither.
+        """
+        last = [("curb.messages", messages)] if messages is not None else []
+        last.append(("curb.ended", {"reason": reason}))
+        await self.journal.append_many(
+            [
+                Entry(
+                    producer=self.session_id,
+                    cls="conversation",
+                    body=_event_body(name, payload),
+                    stamp=True,
+                    closes=name == "curb.ended",
+                )
+                for name, payload in last
+            ]
         )
 
     async def write(self, cls: str, body: Mapping[str, Any]) -> int:
@@ -229,6 +247,8 @@ class Call:
         self._stopped = trio.Event()
         # Why the last write of this call's record failed, while its curb.ended waits to be written.
         self.record_error: str | None = None
+        # The curb.messages payload, once the conversation stopped; written with curb.ended.
+        self._messages: dict[str, Any] | None = None
         self.connected = trio.Event()
         # Host messages: ids taken (delivered, or held for delivery), and those held while starting.
         self._taken_ids: set[str] = set()
@@ -450,7 +470,7 @@ class Call:
                 self._ended.set()
 
     async def _write_ended(self, reason: str) -> None:
-        """Write ``curb.ended``; while the journal cannot write, retry until it can.
+        """Write ``curb.messages`` and ``curb.ended``; while the journal cannot write, retry until it can.
 
         The first attempt is shielded. The retries are not: a shutdown that cannot wait
         cancels them, and the next start closes the record (``runner_crashed``).
@@ -459,7 +479,7 @@ class Call:
         while True:
             with trio.CancelScope(shield=True):
                 try:
-                    await self.record.event("curb.ended", {"reason": reason}, closes=True)
+                    await self.record.end(reason, self._messages)
                     self.record_error = None
                     return
                 except JournalClosed:
@@ -526,12 +546,8 @@ class Call:
                     await self.conversation.finish_utterance()
             nursery.cancel_scope.cancel()
         if self.conversation is not None:
-            # Written once every task of the call stopped, so it counts everything.
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.record.event("curb.messages", self.conversation.messages_summary())
-                except JournalWriteFailed as exc:
-                    self.record_error = str(exc)  # logged by the journal; curb.ended still follows
+            # Taken once every task of the call stopped, so it counts everything.
+            self._messages = self.conversation.messages_summary()
         return self._stop_reason
 
     async def _pump_events(

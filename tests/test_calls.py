@@ -20,6 +20,8 @@ import pytest
 import trio
 from jsonschema import Draft202012Validator
 
+from . import agents
+from .inprocess import open_runner
 from .runner_process import (
     READY_PREFIX,
     TOKEN,
@@ -925,3 +927,20 @@ async def test_smoke_self_host(tmp_path: Path) -> None:
         1,
         "outbound",
     )
+
+
+async def test_a_calls_end_commits_curb_messages_and_curb_ended_together(tmp_path: Path) -> None:
+    async with open_runner(agents.quiet, tmp_path) as runner, runner.client() as client:
+        journal = runner.runner.journal
+        answer(await client.post("/v1/sessions", json=call_start("one")), 202, "StartCallResponse")
+        commits = journal.commits
+        answer(await client.delete("/v1/sessions/one"), 200, "StopCallResponse")
+        ends = journal.commits - commits
+        held = await journal.read(0, 100, producer="one")
+    assert ends == 1  # one transaction, one fsync, for the call's last two records
+    assert [(r.seq, r.body["name"]) for r in held] == [
+        (1, "curb.started"),
+        (2, "curb.messages"),
+        (3, "curb.ended"),
+    ]
+    assert held[2].envelope == held[1].envelope + 1 and held[2].at == held[1].at
