@@ -85,6 +85,10 @@ def install_error_handlers(app: QuartTrio) -> None:
     """Every non-2xx answer is an ErrorBody; anything unexpected is a logged 500."""
 
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    # Werkzeug answers a path with "//" (an id ending in %2F) with a 308 to the merged path, an
+    # HTML page no handler sees: unmerged, such a path matches no route and is a 404 ErrorBody.
+    # Set before any route is added: each rule takes it when added.
+    app.url_map.merge_slashes = False
 
     @app.after_request
     async def drain_body(response: Response) -> Response:

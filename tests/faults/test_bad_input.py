@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from ..runner_process import TOKEN, read_stream, records, start_runner
-from ..websocket.ino_client import connect, start_ino_runner
+from ..websocket.ino_client import API_KEY, connect, start_ino_runner
 from ._raw import closed_by_peer, exchange, read_answer
 from ._runner import start
 
@@ -190,4 +190,27 @@ async def test_agent_socket_frames_that_cannot_be_understood_close_4009(tmp_path
                 "/v1/ephemeral-keys", content=raw, headers={"content-type": "application/json"}
             )
         assert (answer.status_code, answer.json()["error"]) == (400, "invalid_request"), answer.text
+    assert not any("Traceback" in line for line in runner.stderr), "\n".join(runner.stderr)
+
+
+async def test_a_path_with_an_empty_segment_is_a_404_error_body_on_both_listeners(tmp_path: Path) -> None:
+    # An id ending in %2F made the path hold "//": Werkzeug answered 308 and an HTML page.
+    async with start_ino_runner(tmp_path / "j.db", agent="text_only") as (runner, addresses):
+        asked = (
+            (addresses.management, "POST", "/v1/sessions/x%2F/messages", TOKEN),
+            (addresses.management, "GET", "/v1//runner", TOKEN),
+            (addresses.public, "POST", "/v1/ephemeral-keys/x%2F/revoke", API_KEY),
+            (addresses.public, "GET", "/v1/agent/sessions/x%2F/messages", API_KEY),
+        )
+        for address, method, target, credential in asked:
+            request = (
+                f"{method} {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {credential}\r\n"
+                "Content-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            got, headers, body = await exchange(address, request.encode())
+            assert (got, headers.get("content-type"), json.loads(body)["error"]) == (
+                404,
+                "application/json",
+                "not_found",
+            ), (target, body[:200])
     assert not any("Traceback" in line for line in runner.stderr), "\n".join(runner.stderr)
