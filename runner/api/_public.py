@@ -57,10 +57,11 @@ def _json(value: Any, status: int = 200) -> Response:
 
 
 async def _body(cls: type[Any]) -> Any:
-    raw = await request.get_data(as_text=True)
+    # Bytes: decoded as text here, a body that is not UTF-8 failed outside the try (a 500).
+    raw = await request.get_data()
     try:
         value = parse_json(raw) if raw.strip() else None
-    except ValueError:
+    except ValueError:  # UnicodeDecodeError included
         raise InvalidRequest("the body must be a JSON object") from None
     try:
         return w.decode_body(cls, value)

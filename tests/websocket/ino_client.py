@@ -77,6 +77,7 @@ class BackgroundRunner:
     """A runner process shared by many tests (a sync fixture starts it; no Trio needed)."""
 
     def __init__(self, journal: Path, *extra: str, agent: str = "speaking") -> None:
+        self.journal = journal
         argv = [
             sys.executable,
             "-m",
@@ -152,9 +153,19 @@ class Api:
         return httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=15)
 
     async def request(
-        self, method: str, path: str, *, bearer: str | None, json_body: Any = None
+        self,
+        method: str,
+        path: str,
+        *,
+        bearer: str | None,
+        json_body: Any = None,
+        content: bytes | None = None,
     ) -> httpx.Response:
+        """``content``, if given, is sent as is (as JSON by its content type) instead of ``json_body``."""
         async with self._client(bearer) as client:
+            if content is not None:
+                headers = {"Content-Type": "application/json"}
+                return await client.request(method, path, content=content, headers=headers)
             return await client.request(method, path, json=json_body)
 
     async def mint(self, end_user_id: str | None = None, **options: Any) -> dict[str, Any]:

@@ -270,6 +270,10 @@ async def test_the_public_rest(speaking: Addresses) -> None:
         answer = await api.request("POST", "/v1/ephemeral-keys", bearer=API_KEY, json_body=body)
         assert answer.status_code == 400 and answer.json()["error"] == "invalid_request", body
         assert problem in answer.json()["detail"], answer.json()
+    # A body that is not UTF-8 once failed outside the body's check: a 500 (tests/fuzz/test_public.py).
+    for path, bearer in (("/v1/ephemeral-keys", API_KEY), ("/v1/agent/sessions", minted["token"])):
+        answer = await api.request("POST", path, bearer=bearer, content=b"\xff{}")
+        assert (answer.status_code, answer.json()["error"]) == (400, "invalid_request"), path
     session = await api.session(minted["token"])
     assert set(session) == {"session_id", "agent_id", "end_user_id", "created_at"}
     assert session["end_user_id"] == minted["end_user_id"]
