@@ -10,6 +10,11 @@ The model is loaded once per process and shared by every call: CTranslate2 runs 
 the GIL while it computes, so decodes run in Trio worker threads, never on the event loop.
 Greedy decoding at temperature 0 only (no fallback to sampling) keeps the cost of a decode
 bounded; Whisper's no-speech probability drops what is silence or noise.
+
+The encoder sees a window just long enough for the utterance plus ``PAD_S`` of silence, not
+Whisper's fixed 30 s: most of a short turn's decode was the encoder reading 27 s of padding.
+CTranslate2's ``Whisper.generate`` is called directly (faster-whisper's ``transcribe`` pads
+every window to 30 s); faster-whisper's feature extractor and tokenizer are reused.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soxr
@@ -29,7 +36,7 @@ from ._once import LoadedOnce
 from ._stream import RecognizerStream, count_decode
 from ._types import ProviderError, Transcript
 
-__all__ = ["MODEL_SHA256", "ModelRefused", "WhisperSTT", "WhisperStream", "model_dir"]
+__all__ = ["MODEL_SHA256", "PAD_S", "ModelRefused", "WhisperSTT", "WhisperStream", "model_dir"]
 
 DECODER_RATE_HZ = 16_000
 # The rates callers' audio arrives at; all are resampled to the model's 16 kHz by soxr.
@@ -53,10 +60,20 @@ _NO_SPEECH_PROB = 0.6
 _LOW_LOGPROB = -1.0
 # Audio whose loudest part is below this holds no speech (digital silence): no decode.
 _SILENT_DBFS = -70.0
-# The encoder's window: the shortest that holds the audio, in whole seconds, at least this
-# (Whisper pads to 30 s by default; a short window is most of the speed-up for short turns).
-_MIN_WINDOW_S = 5
-_MAX_WINDOW_S = 30
+# The encoder's window: the utterance plus this much silence, rounded up to whole seconds, at
+# most Whisper's 30 s (longer audio is decoded 30 s at a time). Whisper was trained on 30 s
+# windows; with less silence after the speech tiny.en often reads the utterance twice
+# (WER on 30 sentences, docs/speech.md): 5 s kept every voice's WER at the 30 s window's.
+PAD_S = 5
+_FRAMES_PER_S = 100  # the feature extractor's hop is 10 ms
+_MAX_WINDOW_FRAMES = 30 * _FRAMES_PER_S
+# At most this many tokens per second of audio (plus _MIN_TOKENS): about twice a fast
+# talker's rate, so a decode that repeats itself stops soon.
+_TOKENS_PER_S = 8
+_MIN_TOKENS = 8
+# A repeat of the transcript's first words this long or longer is Whisper reading the
+# window again, not speech (shorter repeats, "no, no", are kept).
+_MIN_REPEAT_WORDS = 3
 # A pause this long inside speech is when a stream decodes what it has (a partial).
 PAUSE_MS = 200
 
@@ -108,13 +125,42 @@ def check_model(directory: Path) -> None:
             )
 
 
+def window_frames(content_frames: int) -> int:
+    """The encoder's window, in 10 ms feature frames, for audio of ``content_frames``."""
+    needed = content_frames + PAD_S * _FRAMES_PER_S
+    return min(_MAX_WINDOW_FRAMES, math.ceil(needed / _FRAMES_PER_S) * _FRAMES_PER_S)
+
+
+def _word(word: str) -> str:
+    return re.sub(r"[^\w']", "", word.lower())
+
+
+def drop_reread(text: str) -> str:
+    """``text`` without Whisper reading its window a second time.
+
+    On a short window tiny.en sometimes starts the transcript over once it has read to the
+    end ("Please call a taxi. Please call a" for "Please call a taxi"): when everything after
+    the first ``n`` words repeats them (ignoring case and punctuation), only those are kept.
+    """
+    words = text.split()
+    plain = [_word(w) for w in words]
+    for period in range(_MIN_REPEAT_WORDS, len(words) - 1):
+        if all(plain[i] == plain[i - period] for i in range(period, len(words))):
+            return " ".join(words[:period])
+    return text
+
+
 class _Model:
     """The process's one loaded Whisper model for a directory; thread-safe."""
 
     def __init__(self, directory: Path) -> None:
         check_model(directory)
         from faster_whisper import WhisperModel
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_suppressed_tokens
 
+        # faster-whisper loads the CTranslate2 model and brings the feature extractor and the
+        # tokenizer; decodes call CTranslate2 directly (see the module's docstring).
         self.model = WhisperModel(
             str(directory),
             device="cpu",
@@ -122,28 +168,48 @@ class _Model:
             cpu_threads=THREADS_PER_DECODE,
             num_workers=DECODERS,
         )
+        self._tokenizer = Tokenizer(self.model.hf_tokenizer, False, task="transcribe", language="en")
+        self._prompt = [*self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
+        self._suppress = list(get_suppressed_tokens(self._tokenizer, (-1,)))
+
+    def encoder_inputs(self, audio: np.ndarray) -> list[tuple[np.ndarray, int]]:
+        """Log-mel features of ``audio`` (float32, 16 kHz), one window per 30 s, each with
+        the frames of audio in it."""
+        pad = np.zeros((PAD_S + 1) * DECODER_RATE_HZ, dtype=np.float32)
+        features = self.model.feature_extractor(np.concatenate([audio, pad]))
+        content = audio.size // self.model.feature_extractor.hop_length
+        windows = []
+        for start in range(0, max(content, 1), _MAX_WINDOW_FRAMES):
+            frames = min(_MAX_WINDOW_FRAMES, content - start)
+            window = np.ascontiguousarray(features[:, start : start + window_frames(frames)])
+            windows.append((window[np.newaxis].astype(np.float32), frames))
+        return windows
+
+    def _decode_window(self, features: np.ndarray, frames: int) -> str:
+        import ctranslate2
+
+        new_tokens = min(224, math.ceil(frames / _FRAMES_PER_S * _TOKENS_PER_S) + _MIN_TOKENS)
+        result: Any = self.model.model.generate(
+            ctranslate2.StorageView.from_array(features),
+            [self._prompt],
+            beam_size=1,
+            # CTranslate2 samples at most max_length // 2 new tokens for Whisper (measured).
+            max_length=2 * new_tokens,
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=self._suppress,
+        )[0]
+        tokens = result.sequences_ids[0]
+        mean_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+        if result.no_speech_prob > _NO_SPEECH_PROB and mean_logprob < _LOW_LOGPROB:
+            return ""
+        return drop_reread(self._tokenizer.decode(tokens).strip())
 
     def decode(self, audio: np.ndarray) -> str:
-        """Words in ``audio`` (float32, 16 kHz); blocks for a few hundred ms."""
-        seconds = audio.size / DECODER_RATE_HZ
-        window = min(_MAX_WINDOW_S, max(_MIN_WINDOW_S, math.ceil(seconds) + 1))
-        segments, _ = self.model.transcribe(
-            audio,
-            language="en",
-            beam_size=1,
-            temperature=0.0,
-            condition_on_previous_text=False,
-            without_timestamps=True,
-            no_speech_threshold=_NO_SPEECH_PROB,
-            log_prob_threshold=_LOW_LOGPROB,
-            chunk_length=window,
-        )
-        words = [
-            s.text
-            for s in segments
-            if not (s.no_speech_prob > _NO_SPEECH_PROB and s.avg_logprob < _LOW_LOGPROB)
-        ]
-        return " ".join(w.strip() for w in words if w.strip())
+        """Words in ``audio`` (float32, 16 kHz); blocks for about 100 ms per few seconds."""
+        texts = (self._decode_window(features, frames) for features, frames in self.encoder_inputs(audio))
+        return " ".join(t for t in texts if t)
 
 
 _models: LoadedOnce[Path, _Model] = LoadedOnce(_Model)

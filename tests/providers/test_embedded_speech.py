@@ -6,6 +6,7 @@ as they can: one sentence, one noise clip, one stream with a pause.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from runner.providers import STT as STTProtocol
 from runner.providers import TTS as TTSProtocol
 from runner.providers import make_stt, make_tts
 from runner.providers.hibari import HibariTTS, UnsupportedVoice
-from runner.providers.whisper import MODEL_SHA256, ModelRefused, WhisperSTT, model_dir
+from runner.providers.whisper import MODEL_SHA256, ModelRefused, WhisperSTT, drop_reread, model_dir
 from runner.voice.audio import resample_s16le
 
 SENTENCE = "Thank you very much, my name is John."
@@ -106,6 +107,43 @@ async def test_a_stream_of_silence_decodes_nothing() -> None:
         transcript = await stream.finish()
     assert (transcript.text, stream.decodes) == ("", 0)
     assert transcript.audio_seconds == pytest.approx(1.0)
+
+
+async def test_whisper_reads_a_window_as_long_as_the_utterance_and_30_s_at_most() -> None:
+    from runner.providers.whisper import PAD_S, _models
+
+    tts = HibariTTS()
+    sentence = resample_s16le(b"".join(await speak(tts, SENTENCE)), 24_000, 16_000)
+    model = _models.get(model_dir())
+    audio = np.frombuffer(sentence, "<i2").astype(np.float32) / 32768.0
+    # About 2.4 s of speech: one window of the speech and PAD_S of silence (in 10 ms
+    # frames), not Whisper's 3,000.
+    [(features, frames)] = model.encoder_inputs(audio)
+    assert frames == audio.size // 160
+    assert features.shape == (1, 80, 100 * math.ceil(frames / 100 + PAD_S))
+    # 35 s with a sentence at each end: two windows (30 s, then the rest), both heard.
+    clip = sentence + bytes(2 * 16_000 * 35 - 2 * len(sentence)) + sentence
+    assert [f.shape[-1] for f, _ in model.encoder_inputs(np.frombuffer(clip, "<i2") / 32768.0)] == [
+        3_000,
+        100 * math.ceil(len(clip) // 2 // 160 / 100 - 30 + PAD_S),
+    ]
+    heard = await WhisperSTT().transcribe(clip, 16_000)
+    assert heard.text.lower().count("john") == 2, heard.text
+
+
+async def test_whisper_hears_once_a_sentence_it_would_read_twice_on_a_short_window() -> None:
+    # On this short window tiny.en reads this sentence, then starts it again.
+    sentence = "Please call a taxi to the airport after lunch."
+    heard = await WhisperSTT().transcribe(b"".join(await speak(HibariTTS(), sentence)), 24_000)
+    assert heard.text == sentence
+
+
+def test_a_transcript_that_starts_over_keeps_its_first_reading() -> None:
+    assert drop_reread("Please call a taxi. please call a") == "Please call a taxi."
+    assert drop_reread("Where is it? Where is it? Where is") == "Where is it?"
+    # Speech that repeats a word or two, or repeats later on, is kept.
+    for said in ("No, no.", "Thank you. Thank you.", "I said I said it", "Yes. Call a taxi, call a taxi."):
+        assert drop_reread(said) == said
 
 
 def _model_copy(tmp_path: Path, *, change: str | None = None, drop: str | None = None) -> Path:
