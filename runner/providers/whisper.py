@@ -62,9 +62,9 @@ _LOW_LOGPROB = -1.0
 _SILENT_DBFS = -70.0
 # The encoder's window: the utterance plus this much silence, rounded up to whole seconds, at
 # most Whisper's 30 s (longer audio is decoded 30 s at a time). Whisper was trained on 30 s
-# windows; with less silence after the speech tiny.en often reads the utterance twice
-# (WER on 30 sentences, docs/speech.md): 5 s kept every voice's WER at the 30 s window's.
-PAD_S = 5
+# windows; with less silence after the speech tiny.en reads some utterances twice and
+# mishears short ones more often (docs/speech.md); 8 s kept the 30 s window's words.
+PAD_S = 8
 _FRAMES_PER_S = 100  # the feature extractor's hop is 10 ms
 _MAX_WINDOW_FRAMES = 30 * _FRAMES_PER_S
 # At most this many tokens per second of audio (plus _MIN_TOKENS): about twice a fast
@@ -173,16 +173,17 @@ class _Model:
         self._suppress = list(get_suppressed_tokens(self._tokenizer, (-1,)))
 
     def encoder_inputs(self, audio: np.ndarray) -> list[tuple[np.ndarray, int]]:
-        """Log-mel features of ``audio`` (float32, 16 kHz), one window per 30 s, each with
-        the frames of audio in it."""
-        pad = np.zeros((PAD_S + 1) * DECODER_RATE_HZ, dtype=np.float32)
-        features = self.model.feature_extractor(np.concatenate([audio, pad]))
+        """The encoder's windows for ``audio`` (float32, 16 kHz): one per 30 s, each the
+        log-mel features of its audio, zeros after them (as Whisper pads its 30 s windows),
+        and the number of frames of audio in it."""
+        features = self.model.feature_extractor(audio)
         content = audio.size // self.model.feature_extractor.hop_length
         windows = []
         for start in range(0, max(content, 1), _MAX_WINDOW_FRAMES):
             frames = min(_MAX_WINDOW_FRAMES, content - start)
-            window = np.ascontiguousarray(features[:, start : start + window_frames(frames)])
-            windows.append((window[np.newaxis].astype(np.float32), frames))
+            window = np.zeros((1, features.shape[0], window_frames(frames)), dtype=np.float32)
+            window[0, :, :frames] = features[:, start : start + frames]
+            windows.append((window, frames))
         return windows
 
     def _decode_window(self, features: np.ndarray, frames: int) -> str:
