@@ -396,6 +396,7 @@ def _speech_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     old, new = sp["wer"]["pocketsphinx (old default)"], sp["wer"]["whisper tiny.en (new default)"]
     tts, vad = sp["tts_first_audio_ms"], sp["vad"]["per_frame_us"]
+    cost = sp.get("whisper_decode_cost", {})
     return [
         *_rows(
             "speech",
@@ -409,6 +410,20 @@ def _speech_rows(runs: Mapping[str, Any]) -> list[dict[str, Any]]:
                 for voice in new
             ],
             unit="%",
+        ),
+        *_rows(
+            "speech",
+            [
+                (
+                    f"Whisper decode {q}, one hibari sentence at a time",
+                    cost[voice]["short window (runner)"]["decode_ms"][q],
+                    cost[voice]["30 s window (before)"]["decode_ms"][q],
+                    "the 30 s window (faster-whisper's transcribe)",
+                )
+                for voice in ("hibari heart (new default voice)",)
+                if voice in cost
+                for q in ("p50", "p99")
+            ],
         ),
         *_rows(
             "speech",

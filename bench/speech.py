@@ -15,13 +15,22 @@ All in this process, on this machine's CPU, nothing over the network:
 3. VAD: the cost of one 20 ms frame at 48 kHz (LiveKit's rate) and at 16 kHz, energy against
    Silero; and false starts on a mix of speech, noise, clicks, a chord and a noise burst
    (each non-speech event should give none).
+4. Whisper's decode cost, one utterance at a time (a lone turn's wait): the runner's decode
+   (the encoder reads the utterance plus ``PAD_S`` of silence) beside the one it replaced
+   (faster-whisper's ``transcribe``, whose encoder always reads 30 s), clip by clip on the same
+   clips (hibari and espeak-ng ``en``), interleaved so that load falls on both alike; each
+   path's WER on those clips, and the load average before and after.
 
-Results go to ``bench/results/speech-<UTC>.json`` and ``speech-latest.json``.
+``--whisper-only`` leaves out pocketsphinx (the slowest part) and the VAD figures.
+
+Results go to ``bench/results/speech-<UTC>.json`` and ``speech-latest.json`` (``speech-whisper-*``
+with ``--whisper-only``).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import time
@@ -34,7 +43,7 @@ import trio
 from runner.providers.espeak import EspeakTTS
 from runner.providers.hibari import HibariTTS
 from runner.providers.pocketsphinx import PocketsphinxSTT
-from runner.providers.whisper import WhisperSTT
+from runner.providers.whisper import DECODER_RATE_HZ, WhisperSTT, model_dir
 from runner.voice.audio import frames
 from runner.voice.vad import EnergyVad, SileroVad
 
@@ -123,14 +132,14 @@ async def _transcribe_all(stt: Any, items: list[tuple[bytes, int]]) -> tuple[lis
     return heard, seconds
 
 
-async def word_error_rates(sentences: tuple[str, ...]) -> dict[str, Any]:
+async def word_error_rates(sentences: tuple[str, ...], *, whisper_only: bool = False) -> dict[str, Any]:
     voices: dict[str, Any] = {
         "espeak en (old default voice)": EspeakTTS("en"),
         "espeak en-us+f2": EspeakTTS("en-us+f2"),
         "hibari heart (new default voice)": HibariTTS("heart"),
     }
     recognizers: dict[str, Any] = {
-        "pocketsphinx (old default)": PocketsphinxSTT("en"),
+        **({} if whisper_only else {"pocketsphinx (old default)": PocketsphinxSTT("en")}),
         "whisper tiny.en (new default)": WhisperSTT("en"),
     }
     for tts in voices.values():
@@ -165,12 +174,76 @@ async def word_error_rates(sentences: tuple[str, ...]) -> dict[str, Any]:
                     {"said": r, "heard": h} for r, h in list(zip(references, heard, strict=True))[:3]
                 ],
             }
+    cost_clips = {v: clips[v] for v in ("hibari heart (new default voice)", "espeak en (old default voice)")}
     return {
         "sentences": len(sentences),
         "words": sum(len(r.split()) for r in references),
         "wer": table,
         "tts_first_audio_ms": {name: summarize(values, scale=1000) for name, values in first_audio.items()},
+        "whisper_decode_cost": await whisper_decode_cost(
+            recognizers["whisper tiny.en (new default)"], cost_clips, references
+        ),
     }
+
+
+def _decode_30s_window(model: Any, audio: np.ndarray) -> str:
+    """The runner's Whisper decode before the short window (faster-whisper's ``transcribe``)."""
+    window = min(30, max(5, math.ceil(audio.size / DECODER_RATE_HZ) + 1))
+    segments, _ = model.transcribe(
+        audio,
+        language="en",
+        beam_size=1,
+        temperature=0.0,
+        condition_on_previous_text=False,
+        without_timestamps=True,
+        no_speech_threshold=0.6,
+        log_prob_threshold=-1.0,
+        chunk_length=window,
+    )
+    words = [s.text for s in segments if not (s.no_speech_prob > 0.6 and s.avg_logprob < -1.0)]
+    return " ".join(w.strip() for w in words if w.strip())
+
+
+async def whisper_decode_cost(
+    stt: WhisperSTT, clips: dict[str, list[tuple[bytes, int]]], references: list[str]
+) -> dict[str, Any]:
+    """Each clip decoded alone by the runner's path and by the 30 s window, interleaved."""
+    from runner.providers.whisper import _models, _to_model_rate
+
+    # The old path on the runner's own loaded model: the same weights and the same threads
+    # (a second model's idle CPU threads would spin beside the other path's decodes).
+    await stt.warm_up()
+    old_model = _models.get(model_dir()).model
+    await trio.to_thread.run_sync(_decode_30s_window, old_model, np.zeros(DECODER_RATE_HZ, np.float32))
+    load_before = os.getloadavg()
+    out: dict[str, Any] = {"load_average_before": list(load_before)}
+    for voice, items in clips.items():
+        say(f"Whisper decode cost: {voice}")
+        seconds: dict[str, list[float]] = {"short window (runner)": [], "30 s window (before)": []}
+        heard: dict[str, list[str]] = {name: [] for name in seconds}
+        for pcm, rate in items:
+            audio = _to_model_rate(pcm, rate)
+            for name in seconds:
+                began = time.perf_counter()
+                if name == "short window (runner)":
+                    text = await stt.decode(audio)
+                else:
+                    text = await trio.to_thread.run_sync(_decode_30s_window, old_model, audio)
+                seconds[name].append(time.perf_counter() - began)
+                heard[name].append(_normalise(text))
+        out[voice] = {
+            name: {
+                "decode_ms": summarize(seconds[name], scale=1000),
+                "wer": jiwer.wer(references, heard[name]),
+            }
+            for name in seconds
+        }
+        out[voice]["ratio_p50"] = (
+            out[voice]["short window (runner)"]["decode_ms"]["p50"]
+            / out[voice]["30 s window (before)"]["decode_ms"]["p50"]
+        )
+    out["load_average_after"] = list(os.getloadavg())
+    return out
 
 
 def _mix_clip(speech: bytes, rate: int) -> tuple[bytes, list[tuple[str, float, float]]]:
@@ -238,17 +311,20 @@ async def vad_figures() -> dict[str, Any]:
     return out
 
 
-async def run(quick: bool) -> dict[str, Any]:
+async def run(quick: bool, whisper_only: bool = False) -> dict[str, Any]:
     sentences = SENTENCES[:10] if quick else SENTENCES
     began = time.perf_counter()
-    wer = await word_error_rates(sentences)
-    vad = await vad_figures()
+    machine = machine_info()
+    wer = await word_error_rates(sentences, whisper_only=whisper_only)
+    vad = None if whisper_only else await vad_figures()
     return {
         "benchmark": "speech",
-        "profile": "quick" if quick else "full",
-        "command": "python -m bench.speech" + (" --quick" if quick else ""),
+        "profile": ("quick" if quick else "full") + (", whisper only" if whisper_only else ""),
+        "command": "python -m bench.speech"
+        + (" --quick" if quick else "")
+        + (" --whisper-only" if whisper_only else ""),
         "seconds": time.perf_counter() - began,
-        "machine": machine_info(),
+        "machine": machine,
         **wer,
         "vad": vad,
     }
@@ -257,9 +333,13 @@ async def run(quick: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10 sentences instead of 30")
+    parser.add_argument(
+        "--whisper-only", action="store_true", help="leave out pocketsphinx and the VAD figures"
+    )
     args = parser.parse_args()
-    result = trio.run(run, args.quick)
-    path = write_results("speech", result)
+    result = trio.run(run, args.quick, args.whisper_only)
+    # A partial profile does not stand in for the full one (bench.report reads speech-latest).
+    path = write_results("speech-whisper" if args.whisper_only else "speech", result)
     voices = list(next(iter(result["wer"].values())))
     print_table(
         ["WER", *voices],
@@ -269,20 +349,47 @@ def main() -> None:
         ["decode p50 ms", *voices],
         [[stt, *(f"{row[v]['decode_ms']['p50']:.0f}" for v in voices)] for stt, row in result["wer"].items()],
     )
+    cost = result["whisper_decode_cost"]
+    print_table(
+        ["Whisper decode, one at a time", "path", "p50 ms", "p99 ms", "WER", "p50 ratio"],
+        [
+            [
+                voice,
+                name,
+                f"{row['decode_ms']['p50']:.0f}",
+                f"{row['decode_ms']['p99']:.0f}",
+                f"{row['wer'] * 100:.1f}%",
+                f"{paths['ratio_p50']:.2f}",
+            ]
+            for voice, paths in cost.items()
+            if isinstance(paths, dict)
+            for name, row in paths.items()
+            if isinstance(row, dict)
+        ],
+    )
+    say(
+        f"load average (1, 5, 15 min): before {cost['load_average_before']}, after {cost['load_average_after']}"
+    )
     print_table(
         ["TTS first audio", "p50 ms", "p99 ms"],
         [[k, f"{v['p50']:.1f}", f"{v['p99']:.1f}"] for k, v in result["tts_first_audio_ms"].items()],
     )
-    print_table(
-        ["VAD per 20 ms frame", "us"], [[k, f"{v:.0f}"] for k, v in result["vad"]["per_frame_us"].items()]
-    )
-    print_table(
-        ["VAD on the mix", "speech heard", "non-speech heard as speech", "starts"],
-        [
-            [k, v["speech_heard"], ", ".join(v["non_speech_events_heard_as_speech"]) or "none", v["starts"]]
-            for k, v in result["vad"]["false_starts"].items()
-        ],
-    )
+    if result["vad"] is not None:
+        print_table(
+            ["VAD per 20 ms frame", "us"], [[k, f"{v:.0f}"] for k, v in result["vad"]["per_frame_us"].items()]
+        )
+        print_table(
+            ["VAD on the mix", "speech heard", "non-speech heard as speech", "starts"],
+            [
+                [
+                    k,
+                    v["speech_heard"],
+                    ", ".join(v["non_speech_events_heard_as_speech"]) or "none",
+                    v["starts"],
+                ]
+                for k, v in result["vad"]["false_starts"].items()
+            ],
+        )
     say(f"results: {path}")
 
 
