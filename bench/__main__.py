@@ -151,10 +151,10 @@ SCENARIOS = (
     ),
     Scenario(
         name="speech",
-        what="embedded speech: WER old vs new recognizers, TTS first audio, VAD cost",
-        quick_s=90,
-        full_s=240,
-        limit_s=900,
+        what="embedded speech: WER old vs new recognizers, Whisper decode cost, TTS first audio, VAD cost",
+        quick_s=120,
+        full_s=330,
+        limit_s=1200,
     ),
     Scenario(
         name="livekit_voice",

@@ -17,9 +17,9 @@ All in this process, on this machine's CPU, nothing over the network:
    (each non-speech event should give none).
 4. Whisper's decode cost, one utterance at a time (a lone turn's wait): the runner's decode
    (the encoder reads the utterance plus ``PAD_S`` of silence) beside the one it replaced
-   (faster-whisper's ``transcribe``, whose encoder always reads 30 s), clip by clip on the same
-   clips (hibari and espeak-ng ``en``), interleaved so that load falls on both alike; each
-   path's WER on those clips, and the load average before and after.
+   (faster-whisper's ``transcribe``, whose encoder always reads 30 s), clip by clip on the
+   clips of 1., interleaved so that load falls on both alike; each path's WER on them, and the
+   load average before and after.
 
 ``--whisper-only`` leaves out pocketsphinx (the slowest part) and the VAD figures.
 
@@ -174,14 +174,13 @@ async def word_error_rates(sentences: tuple[str, ...], *, whisper_only: bool = F
                     {"said": r, "heard": h} for r, h in list(zip(references, heard, strict=True))[:3]
                 ],
             }
-    cost_clips = {v: clips[v] for v in ("hibari heart (new default voice)", "espeak en (old default voice)")}
     return {
         "sentences": len(sentences),
         "words": sum(len(r.split()) for r in references),
         "wer": table,
         "tts_first_audio_ms": {name: summarize(values, scale=1000) for name, values in first_audio.items()},
         "whisper_decode_cost": await whisper_decode_cost(
-            recognizers["whisper tiny.en (new default)"], cost_clips, references
+            recognizers["whisper tiny.en (new default)"], clips, references
         ),
     }
 
