@@ -149,6 +149,10 @@ async def test_invalid_settings_refuse_the_whole_update_with_issues(tmp_path: Pa
             ({"vad": {"threshold": 0.5}}, [["vad"]]),
             ({"tts": {"voice": "no-such-voice"}}, [["tts", "voice"]]),
         ]
+        # Not a settings update at all: a malformed request, refused before the agent and not recorded
+        # (a curb.settings once recorded it: tests/fuzz/test_management.py).
+        for not_an_object in ([], "en", 1):
+            refused(await patch(client, "c1", not_an_object), 400, "invalid_request")
         for body, paths in cases:
             error = refused(await patch(client, "c1", body), 422, "invalid_settings")
             assert issue_paths(error) == paths, (body, error)

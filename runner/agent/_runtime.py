@@ -317,7 +317,11 @@ class AgentRuntime:
         return effective(*self.current())
 
     async def adjust(self, origin: Origin, update: object) -> EffectiveSettings:
-        """Apply a SessionUpdate from ``origin``, all or nothing; journal the outcome."""
+        """Apply a SessionUpdate from ``origin``, all or nothing; journal the outcome.
+
+        An update that is not a JSON object is no attempted change: it is refused
+        (``invalid_request``) and not journaled, as a malformed request is anywhere.
+        """
         try:
             changes = check_update(
                 update,
@@ -326,6 +330,8 @@ class AgentRuntime:
                 current=self.current(),
                 author_llm=self.offer().llm,
             )
+        except InvalidRequest:
+            raise
         except RunnerError as refusal:
             await self._event(
                 "curb.settings",
