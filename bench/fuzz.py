@@ -1,15 +1,16 @@
 """Generated-input benchmark: the checks of tests/fuzz/, for longer, against real runners.
 
-    python -m bench.fuzz [--quick] [--examples N] [--seed S]
+    python -m bench.fuzz [--quick] [--examples N] [--seed S] [--only management|socket|public]
 
-Two ``runner serve`` processes on loopback, as the CI suite uses them: one of
+Three ``runner serve`` processes on loopback, as the CI suite uses them: one of
 ``tests.agents:messenger`` for every route of the management API, one of
-``tests.websocket.ino_agents:text_only`` for every client frame of the ino.v2 agent socket.
+``tests.websocket.ino_agents:text_only`` for every client frame of the ino.v2 agent socket,
+and another of it for every public REST route (ephemeral keys, agent sessions, relations).
 Each route and each frame gets ``N`` generated examples (valid and mutated, from
 ``runner/protocol.schema.json`` and ``runner/ino.schema.json``) with Hypothesis, seeded with
 ``S``; every example is checked as the suite checks it (an answer, never a 500, a documented
-code, nothing journaled for a refusal, ``/health`` after it), and each runner must still
-start and stop a call / take a turn at the end. A violation is shrunk by Hypothesis and
+code, nothing journaled or stored for a refusal, ``/health`` after it), and each runner must
+still start and stop a call / take a turn at the end. A violation is shrunk by Hypothesis and
 reported with its smallest example.
 
 Prints how many examples ran per route and frame, how each was answered, and the violations
@@ -31,7 +32,7 @@ import trio
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from tests.fuzz import _http, _socket
+from tests.fuzz import _http, _public, _socket
 from tests.websocket.ino_client import BackgroundRunner
 
 from ._common import machine_info, print_table, say, write_results
@@ -86,9 +87,12 @@ def _storm(
                 say(f"fuzz: VIOLATION on {name}:\n{found}")
     finally:
         runner.stop()
-    tracebacks = [line for line in runner.stderr if "Traceback" in line]
+    tracebacks = [at for at, line in enumerate(runner.stderr) if "Traceback" in line]
     if tracebacks:
-        violations[f"runner of {names[0]}..."] = f"{len(tracebacks)} tracebacks on the runner's stderr"
+        first = "\n".join(runner.stderr[tracebacks[0] : tracebacks[0] + 40])
+        violations[f"runner of {names[0]}..."] = (
+            f"{len(tracebacks)} tracebacks on the runner's stderr; the first:\n{first}"
+        )
     return violations
 
 
@@ -122,6 +126,21 @@ def _agent_socket(journal: Path, examples: int, at: int) -> dict[str, str]:
     )
 
 
+def _public_routes(journal: Path, examples: int, at: int) -> dict[str, str]:
+    runner = BackgroundRunner(journal, *_socket.RUNNER_ARGS, agent=_socket.RUNNER_AGENT)
+    target = _public.Public(runner.addresses, journal)
+    trio.run(_public.prepare, target)
+    return _storm(
+        runner,
+        sorted(_public.ROUTES),
+        _public.requests,
+        lambda case: trio.run(_public.check_request, target, case),
+        lambda _: trio.run(_public.check_healthy, target),
+        examples,
+        at,
+    )
+
+
 def _answers(counter: Any, name: str) -> str:
     got = sorted(((answer, n) for (key, answer), n in counter.items() if key == name), key=lambda a: -a[1])
     return ", ".join(f"{answer} x{n}" for answer, n in got)
@@ -134,21 +153,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--examples", type=int, help=f"examples per route and frame (default {FULL_EXAMPLES})"
     )
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis' seed (default 0)")
+    parser.add_argument(
+        "--only", choices=("management", "socket", "public"), help="one of the three (default: all)"
+    )
     args = parser.parse_args(argv)
     examples = args.examples or (QUICK_EXAMPLES if args.quick else FULL_EXAMPLES)
-    command = f"python -m bench.fuzz --examples {examples} --seed {args.seed}"
+    command = f"python -m bench.fuzz --examples {examples} --seed {args.seed}" + (
+        f" --only {args.only}" if args.only else ""
+    )
     machine = machine_info()
     say(f"{command}: {machine['cores']} cores, Python {machine['python']}")
     began = time.perf_counter()
+    storms = {"management": _management, "socket": _agent_socket, "public": _public_routes}
+    violations: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-fuzz-") as tmp:
-        management = _management(Path(tmp) / "management.db", examples, args.seed)
-        sockets = _agent_socket(Path(tmp) / "socket.db", examples, args.seed)
+        for name, storm in storms.items():
+            if args.only in (None, name):
+                violations.update(storm(Path(tmp) / f"{name}.db", examples, args.seed))
     elapsed = time.perf_counter() - began
-    violations = {**management, **sockets}
-    rows = [
-        [f"route {route}", _http.TALLY[route], _answers(_http.ANSWERS, route)]
-        for route in sorted(_http.ROUTES)
-    ] + [[f"frame {verb}", _socket.TALLY[verb], _answers(_socket.ANSWERS, verb)] for verb in _socket.FRAMES]
+    rows = (
+        [[f"route {r}", _http.TALLY[r], _answers(_http.ANSWERS, r)] for r in sorted(_http.ROUTES)]
+        + [[f"frame {verb}", _socket.TALLY[verb], _answers(_socket.ANSWERS, verb)] for verb in _socket.FRAMES]
+        + [[f"public {r}", _public.TALLY[r], _answers(_public.ANSWERS, r)] for r in sorted(_public.ROUTES)]
+    )
     results = {
         "benchmark": "fuzz",
         "profile": "quick" if args.quick else "full",
@@ -156,8 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "finished_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": elapsed,
         "machine": machine,
-        "parameters": {"examples": examples, "seed": args.seed},
-        "examples": sum(_http.TALLY.values()) + sum(_socket.TALLY.values()),
+        "parameters": {"examples": examples, "seed": args.seed, "only": args.only},
+        "examples": sum(_http.TALLY.values()) + sum(_socket.TALLY.values()) + sum(_public.TALLY.values()),
         "routes": {
             route: {"examples": _http.TALLY[route], "answers": _answers(_http.ANSWERS, route)}
             for route in _http.ROUTES
@@ -165,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "frames": {
             verb: {"examples": _socket.TALLY[verb], "answers": _answers(_socket.ANSWERS, verb)}
             for verb in _socket.FRAMES
+        },
+        "public_routes": {
+            route: {"examples": _public.TALLY[route], "answers": _answers(_public.ANSWERS, route)}
+            for route in _public.ROUTES
         },
         "violations": len(violations),
         "violation_details": violations,

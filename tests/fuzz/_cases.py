@@ -213,6 +213,7 @@ BAD_SEGMENTS = (
     "caf%C3%A9",
     "%20",
     "a;b",
+    "x%2F",  # "//" once decoded: Werkzeug once redirected it
 )
 
 

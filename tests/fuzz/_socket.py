@@ -212,8 +212,13 @@ async def check_healthy(target: AgentSocket) -> None:
     async with target.client(target.token) as client:
         created = await client.post("/v1/agent/sessions", json={})
         session_id = created.json()["session_id"]
-    async with open_raw_socket(target.addresses.public, f"/v1/agent/stream?session_id={session_id}") as raw:
-        await raw.auth(target.token, session_id)
+    await take_turn(target.addresses.public, target.token, session_id)
+
+
+async def take_turn(public: str, token: str, session_id: str) -> None:
+    """A typed turn on a new socket of the conversation, to its ``turn.done``."""
+    async with open_raw_socket(public, f"/v1/agent/stream?session_id={session_id}") as raw:
+        await raw.auth(token, session_id)
         await raw.send_json({"type": "user_message", "text": "When is breakfast served?"})
         kinds: list[str] = []
         with trio.fail_after(30):

@@ -8,6 +8,7 @@ import typing
 from typing import Any
 
 import attrs
+import jsonschema
 import pytest
 
 from runner import ino_wire as w
@@ -125,3 +126,30 @@ def test_a_value_outside_its_limits_is_invalid_not_rejected(text: str, field: st
 def test_times_are_written_as_rfc_3339_utc() -> None:
     assert w.rfc3339(0) == "1970-01-01T00:00:00Z"
     assert w.rfc3339(1_764_448_091_999) == "2025-11-29T20:28:11Z"
+
+
+REST = {
+    "rest.EphemeralKeyRequest": w.EphemeralKeyRequest,
+    "rest.EphemeralKey": w.EphemeralKey,
+    "rest.Revoked": w.Revoked,
+    "rest.AgentSessionRequest": w.AgentSessionRequest,
+    "rest.AgentSession": w.AgentSession,
+    "rest.TranscriptMessage": w.TranscriptMessage,
+    "rest.AgentSessionMessages": w.AgentSessionMessages,
+    "rest.CompactionDone": w.CompactionDone,
+    "rest.Deleted": w.Deleted,
+    "rest.Relations": w.Relations,
+}
+
+
+@pytest.mark.parametrize("name", sorted(REST))
+def test_every_rest_body_has_a_schema_with_exactly_its_fields_and_encodes_to_it(name: str) -> None:
+    assert {k for k in SCHEMA["$defs"] if k.startswith("rest.")} == set(REST)
+    definition = SCHEMA["$defs"][name]
+    assert set(definition["properties"]) == {a.name for a in attrs.fields(REST[name])}
+    # Every string of the sample is a time, which any of these strings may be.
+    sample = json.loads(json.dumps(w.encode(_sample(REST[name]))).replace('"x"', '"2026-11-30T12:00:00Z"'))
+    validator = jsonschema.Draft202012Validator(
+        {"$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{name}"}, format_checker=jsonschema.FormatChecker()
+    )
+    assert [e.message for e in validator.iter_errors(sample)] == []
