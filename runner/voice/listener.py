@@ -18,7 +18,7 @@ from .vad import Vad, make_vad
 # Keep a little audio from before the detector was sure, so the first syllable is heard.
 _PREROLL_MS = 300
 #: A pause this long inside speech is reported (:class:`SpeechPaused`).
-PAUSE_MS = 120
+PAUSE_MS = 100
 
 
 @attrs.frozen(kw_only=True)

@@ -404,7 +404,7 @@ async def test_a_quarter_second_gap_is_a_pause_whose_early_request_is_dropped(
     journal: Journal, fake: FakeOpenAI
 ) -> None:
     # The end-of-turn silence is the default 500 ms; a 250 ms gap between two phrases is a pause
-    # (120 ms after the last speech), so the first phrase is decoded and the model asked, and then
+    # (100 ms after the last speech), so the first phrase is decoded and the model asked, and then
     # the caller goes on: the turn is the whole utterance, asked afresh.
     fake.enqueue(stalling_reply(["You are welcome. "]), text_reply("Nice to meet you, John."))
     first = await speech("Thank you very much.")
