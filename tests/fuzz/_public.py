@@ -29,7 +29,7 @@ from ..runner_process import TOKEN as MANAGEMENT_TOKEN
 from ..websocket.ino_client import API_KEY, Addresses
 from ._cases import INO, PROTOCOL, bodies, segments, valid
 from ._http import Request, Violation, exchange
-from ._socket import take_turn
+from ._socket import check_health, take_turn
 
 # Marks in a drawn request, bound to this runner's credentials and ids when it is sent.
 KEY, TOKEN, OTHER, REVOKED, EXPIRED = "@key@", "@token@", "@other@", "@revoked@", "@expired@"
@@ -322,10 +322,7 @@ async def check_request(target: Public, drawn: Request) -> None:
 
 async def check_healthy(target: Public) -> None:
     """After the storm: /health, and a new conversation of the person takes a turn."""
-    async with httpx.AsyncClient(timeout=20) as plain:
-        health = await plain.get(f"http://{target.addresses.management}/health")
-    if health.status_code != 200:
-        raise Violation(f"/health answered {health.status_code}")
+    await check_health(target.addresses)
     token = await target.mint(end_user_id="fuzz-after")
     await take_turn(target.addresses.public, token, await target.conversation(token))
     await wait_calls_ended(target)

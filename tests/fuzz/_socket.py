@@ -205,14 +205,19 @@ async def check_frame(target: AgentSocket, case: Frame) -> None:
 
 async def check_healthy(target: AgentSocket) -> None:
     """After the storm: /health, and a new conversation takes a typed turn to its end."""
-    async with httpx.AsyncClient(timeout=20) as plain:
-        health = await plain.get(f"http://{target.addresses.management}/health")
-    if health.status_code != 200:
-        raise Violation(f"/health answered {health.status_code}")
+    await check_health(target.addresses)
     async with target.client(target.token) as client:
         created = await client.post("/v1/agent/sessions", json={})
         session_id = created.json()["session_id"]
     await take_turn(target.addresses.public, target.token, session_id)
+
+
+async def check_health(addresses: Addresses) -> None:
+    """The runner answers ``/health``."""
+    async with httpx.AsyncClient(timeout=20) as plain:
+        health = await plain.get(f"http://{addresses.management}/health")
+    if health.status_code != 200:
+        raise Violation(f"/health answered {health.status_code}")
 
 
 async def take_turn(public: str, token: str, session_id: str) -> None:
