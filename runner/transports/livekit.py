@@ -88,7 +88,7 @@ RECONNECT_LIMIT_S = 20.0  # a reconnect taking longer than this is a lost room
 
 # The caller's audio at the rate the recognizers and Silero work at: WebRTC's sink resamples
 # Opus's 48 kHz as it hands each frame over, where a streaming resampler in the runner would
-# hold audio back (soxr's, 20 ms on average) and cost CPU per frame.
+# cost CPU per frame and could hold audio back (soxr's high quality: 20 ms on average).
 AUDIO_IN_RATE_HZ = 16_000
 # The frames WebRTC's playout clock makes: a longer one would wait for its second half.
 AUDIO_IN_FRAME_MS = 10
