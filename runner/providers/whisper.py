@@ -36,7 +36,16 @@ from ._once import LoadedOnce
 from ._stream import RecognizerStream, count_decode
 from ._types import ProviderError, Transcript
 
-__all__ = ["MODEL_SHA256", "PAD_S", "ModelRefused", "WhisperSTT", "WhisperStream", "model_dir"]
+__all__ = [
+    "MODEL_SHA256",
+    "PAD_S",
+    "ModelRefused",
+    "WhisperSTT",
+    "WhisperStream",
+    "drop_reread",
+    "model_dir",
+    "window_frames",
+]
 
 DECODER_RATE_HZ = 16_000
 # The rates callers' audio arrives at; all are resampled to the model's 16 kHz by soxr.
