@@ -362,12 +362,16 @@ class SileroVad:
         for start in range(0, whole, size):
             window = np.ascontiguousarray(data[start : start + size], dtype=np.float32)
             events += self._step(window)
-        if self._state == "speech":
-            # Quiet audio short of a window is silence already, whatever Silero will say of it.
-            pieces = self._pending[: self._pending.size - self._pending.size % self._piece]
-            loud = _levels_dbfs(pieces.reshape(-1, self._piece)) >= self._speech_dbfs()
-            quiet = int(np.argmax(loud)) if loud.any() else loud.size
-            events += self._silence(self.position_ms + quiet * self._piece_ms)
+        if self._state == "speech" and self._pending.size:
+            # Quiet audio short of a window (to its last sample) is silence already, whatever
+            # Silero will say of it.
+            starts = np.arange(0, self._pending.size, self._piece)
+            power = np.add.reduceat(np.square(self._pending, dtype=np.float64), starts) / np.diff(
+                np.append(starts, self._pending.size)
+            )
+            loud = 10.0 * np.log10(np.maximum(power, 10 ** (_FLOOR_DBFS / 10))) >= self._speech_dbfs()
+            quiet = int(starts[np.argmax(loud)]) if loud.any() else self._pending.size
+            events += self._silence(self.position_ms + quiet * self.window_ms / self._window)
         return events
 
     def flush(self) -> list[VadEvent]:

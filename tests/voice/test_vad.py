@@ -271,3 +271,24 @@ async def test_a_pause_waits_until_silero_no_longer_hears_the_voice() -> None:
     events = [e.kind for frame in frames(clip, 16_000, 10) for e in vad.feed(frame)]
     vad.close()
     assert events == ["speech_started", "pause", "speech_ended"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Thank you very much, my name is John.",
+        "Could you send someone to fix the air conditioning?",
+        "Is breakfast included in the price of the room?",
+    ],
+)
+async def test_the_turn_ends_with_the_frame_that_completes_the_silence(text: str) -> None:
+    # As LiveKit hands the caller's audio on: 10 ms frames at 16 kHz. The quiet at the end of a
+    # frame counts at once, though it is short of a Silero window (32 ms) or an 8 ms piece.
+    clip, _ = room(await hibari(text, 16_000), 16_000, noise_rms=32768 * 10 ** (-55 / 20))
+    vad = SileroVad(16_000, silence_ms=500, pause_ms=100)
+    ended: list[tuple[float, float]] = []
+    for n, frame in enumerate(frames(clip, 16_000, 10), start=1):
+        ended += [(e.at_ms, n * 10.0) for e in vad.feed(frame) if e.kind == "speech_ended"]
+    vad.close()
+    ((speech_end_ms, reported_at_ms),) = ended
+    assert reported_at_ms - 10 < speech_end_ms + 500 <= reported_at_ms, ended
