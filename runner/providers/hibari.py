@@ -29,11 +29,13 @@ DEFAULT_VOICE = "heart"
 # Audio is yielded in pieces of this length, so a mute stops the voice within one.
 _PIECE_MS = 60
 # hibari starts every phrase with about 300 ms of quiet (200 ms of digital zero, then a
-# fade-in): a reply would start that late. Its start is cut to this much before the first
-# sample louder than -60 dBFS (hibari's fade-in rises from there without a click); its end
-# (about 450 ms of quiet) stays, as the pause before the next sentence.
+# fade-in of breath that stays below -50 dBFS for up to 60 ms): a reply would start that
+# late. Its start is cut to _LEAD_MS before the first _WINDOW_MS louder than -50 dBFS (below
+# that nothing is heard over a call), and the kept lead is ramped in so the cut makes no
+# click. Its end (about 450 ms of quiet) stays, as the pause before the next sentence.
 _LEAD_MS = 5
-_SOUND = 10 ** (-60 / 20)
+_WINDOW_MS = 5
+_HEARD = 10 ** (-50 / 20)
 
 
 class UnsupportedVoice(ProviderError, ValueError):
@@ -71,6 +73,22 @@ def _voice_file(voice: str) -> str:
     return os.path.join(str(hibari.voices.ASSETS), str(registry[voice]["file"]))
 
 
+def _from_first_sound(wav: np.ndarray) -> np.ndarray:
+    """``wav`` from _LEAD_MS before its first audible window, the lead ramped in from zero."""
+    window = SAMPLE_RATE_HZ * _WINDOW_MS // 1000
+    energy = np.concatenate(([0.0], np.cumsum(np.square(wav, dtype=np.float64))))
+    mean_square = (energy[window:] - energy[:-window]) / window
+    loud = np.flatnonzero(mean_square > _HEARD**2)
+    if not loud.size:
+        return wav
+    lead = SAMPLE_RATE_HZ * _LEAD_MS // 1000
+    start = max(0, int(loud[0]) - lead)
+    wav = wav[start:].copy()
+    ramp = min(lead, wav.size)
+    wav[:ramp] *= np.linspace(0.0, 1.0, ramp, endpoint=False, dtype=np.float32)
+    return wav
+
+
 class _Engine:
     """One loaded voice; ``synthesize`` is called from worker threads, one at a time."""
 
@@ -84,9 +102,7 @@ class _Engine:
     def synthesize(self, phonemes: str) -> bytes:
         with self.lock:
             wav = np.asarray(self.hibari.from_phonemes(phonemes), dtype=np.float32)
-        sound = np.flatnonzero(np.abs(wav) > _SOUND)
-        if sound.size:
-            wav = wav[max(0, int(sound[0]) - SAMPLE_RATE_HZ * _LEAD_MS // 1000) :]
+        wav = _from_first_sound(wav)
         pcm: bytes = np.clip(np.rint(wav * 32767.0), -32768, 32767).astype("<i2").tobytes()
         return pcm
 

@@ -56,14 +56,15 @@ async def test_hibari_speaks_sentence_by_sentence_and_whisper_hears_every_word()
 
 
 async def test_hibari_starts_speaking_at_once() -> None:
-    # hibari leads every phrase with about 300 ms of quiet: a reply would start that late.
+    # hibari leads every phrase with about 300 ms of quiet, then up to 60 ms of breath below
+    # -50 dBFS: a reply would start that late.
     pcm = np.frombuffer(b"".join(await speak(HibariTTS(), SENTENCE)), "<i2")
     frame = 24_000 * 10 // 1000
     levels = [
         np.sqrt(np.mean(np.square(pcm[i : i + frame], dtype=np.float64))) for i in range(0, 30 * frame, frame)
     ]
     first_sound_ms = 10 * next(i for i, level in enumerate(levels) if level > 32768 * 10 ** (-45 / 20))
-    assert first_sound_ms <= 80  # was 310, and 90 with 30 ms of the quiet left before the first sound
+    assert first_sound_ms <= 30  # was 310; 70 from the first sample over -60 dBFS, 90 with 30 ms more
 
 
 async def test_whisper_hears_no_words_in_silence_or_noise() -> None:
