@@ -365,12 +365,8 @@ class SileroVad:
         if self._state == "speech" and self._pending.size:
             # Quiet audio short of a window (to its last sample) is silence already, whatever
             # Silero will say of it.
-            starts = np.arange(0, self._pending.size, self._piece)
-            power = np.add.reduceat(np.square(self._pending, dtype=np.float64), starts) / np.diff(
-                np.append(starts, self._pending.size)
-            )
-            loud = 10.0 * np.log10(np.maximum(power, 10 ** (_FLOOR_DBFS / 10))) >= self._speech_dbfs()
-            quiet = int(starts[np.argmax(loud)]) if loud.any() else self._pending.size
+            loud = _levels_dbfs(self._pending, self._piece) >= self._speech_dbfs()
+            quiet = int(np.argmax(loud)) * self._piece if loud.any() else self._pending.size
             events += self._silence(self.position_ms + quiet * self.window_ms / self._window)
         return events
 
@@ -398,7 +394,7 @@ class SileroVad:
         start_ms = self._windows * self.window_ms
         self._windows += 1
         end_ms = start_ms + self.window_ms
-        levels = _levels_dbfs(window.reshape(-1, self._piece))
+        levels = _levels_dbfs(window, self._piece)
         p = self.last_probability = float(self._model.process(memoryview(window.data)))
         if self._state == "silence" and p >= self.threshold:
             self._state = "onset"
@@ -455,9 +451,14 @@ class SileroVad:
         return []
 
 
-def _levels_dbfs(pieces: np.ndarray) -> np.ndarray:
-    """The level of each row of float samples, in dBFS (never below -100)."""
-    power = np.mean(np.square(pieces, dtype=np.float64), axis=1) if pieces.size else np.zeros(0)
+def _levels_dbfs(samples: np.ndarray, piece: int) -> np.ndarray:
+    """The level of each ``piece`` samples of ``samples`` (the last may be shorter), in dBFS
+    (never below -100)."""
+    if not samples.size:
+        return np.zeros(0)
+    starts = np.arange(0, samples.size, piece)
+    sizes = np.diff(np.append(starts, samples.size))
+    power = np.add.reduceat(np.square(samples, dtype=np.float64), starts) / sizes
     return 10.0 * np.log10(np.maximum(power, 10 ** (_FLOOR_DBFS / 10)))
 
 
