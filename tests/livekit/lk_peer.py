@@ -131,10 +131,11 @@ class PeerProgram:
         self.recorder: asyncio.Task[None] | None = None
         self.record_rate = RECORD_RATE
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     # --- room events ---------------------------------------------------------
 
@@ -400,9 +401,7 @@ class PeerProgram:
                 self.recorded.set()
                 await stream.aclose()
 
-        self.recorder = asyncio.ensure_future(record())
-        self.tasks.add(self.recorder)
-        self.recorder.add_done_callback(self.tasks.discard)
+        self.recorder = self.spawn(record())
 
     async def op_burst(self, req: dict[str, Any]) -> dict[str, Any]:
         assert self.mic is not None, "publish_mic first"
