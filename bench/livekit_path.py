@@ -217,7 +217,7 @@ PHASES = 10  # frame phases tried per way (the sentence starts 0..9 ms into a fr
 
 async def vad_lag(workdir: Any) -> dict[str, dict[str, Any]]:
     """The runner's own side of the way in, with no network: the caller's sentence (bench/livekit.py's)
-    fed to the runner's Listener (Silero, 500 ms end-of-turn silence, a pause at 200 ms) in the
+    fed to the runner's Listener (Silero, 500 ms end-of-turn silence, its pause rule) in the
     frames the transport hands on; how much audio after the sentence's last loud sample was fed
     when the pause and the end of the turn were reported (the frame it came in included: a
     frame is handed on once it is whole). Only the rate and frame size differ between the rows."""
