@@ -1,11 +1,15 @@
 """Generated-input benchmark: the checks of tests/fuzz/, for longer, against real runners.
 
-    python -m bench.fuzz [--quick] [--examples N] [--seed S] [--only management|socket|public]
+    python -m bench.fuzz [--quick] [--examples N] [--seed S] [--only management|socket|public|wire]
 
-Three ``runner serve`` processes on loopback, as the CI suite uses them: one of
+Four ``runner serve`` processes on loopback, as the CI suite uses them: one of
 ``tests.agents:messenger`` for every route of the management API, one of
 ``tests.websocket.ino_agents:text_only`` for every client frame of the ino.v2 agent socket,
-and another of it for every public REST route (ephemeral keys, agent sessions, relations).
+another of it for every public REST route (ephemeral keys, agent sessions, relations), and
+another for the attacks on the HTTP and WebSocket layer below the routes (``tests/fuzz/_wire.py``:
+request smuggling shapes, ``HEAD`` on every route, oversized, nested and compressed first
+frames before ``auth`` while ``/health`` must keep answering; the runner's peak memory growth
+over them is printed).
 Each route and each frame gets ``N`` generated examples (valid and mutated, from
 ``runner/protocol.schema.json`` and ``runner/ino.schema.json``) with Hypothesis, seeded with
 ``S``; every example is checked as the suite checks it (an answer, never a 500, a documented
@@ -21,6 +25,7 @@ found (0 is the only passing figure). Results go to ``bench/results/fuzz-<UTC>.j
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +37,7 @@ import trio
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from tests.fuzz import _http, _public, _socket
+from tests.fuzz import _http, _public, _socket, _wire
 from tests.websocket.ino_client import BackgroundRunner
 
 from ._common import machine_info, print_table, say, write_results
@@ -141,6 +146,35 @@ def _public_routes(journal: Path, examples: int, at: int) -> dict[str, str]:
     )
 
 
+PEAK: dict[str, float] = {}
+
+
+def _peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) / 1024
+
+
+def _wire_attacks(journal: Path, examples: int, at: int) -> dict[str, str]:
+    runner = BackgroundRunner(journal, *_socket.RUNNER_ARGS, agent=_socket.RUNNER_AGENT)
+    target = _wire.Wire(runner.addresses)
+    pid = runner.process.pid
+    PEAK["before"] = _peak_rss_mib(pid)
+
+    def healthy(_: int) -> None:
+        trio.run(_wire.check_healthy, target)
+        PEAK["after"] = _peak_rss_mib(pid)
+
+    return _storm(
+        runner,
+        _wire.ATTACKS,
+        _wire.attacks,
+        lambda case: trio.run(_wire.check_attack, target, case),
+        healthy,
+        examples,
+        at,
+    )
+
+
 def _answers(counter: Any, name: str) -> str:
     got = sorted(((answer, n) for (key, answer), n in counter.items() if key == name), key=lambda a: -a[1])
     return ", ".join(f"{answer} x{n}" for answer, n in got)
@@ -154,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis' seed (default 0)")
     parser.add_argument(
-        "--only", choices=("management", "socket", "public"), help="one of the three (default: all)"
+        "--only", choices=("management", "socket", "public", "wire"), help="one of the four (default: all)"
     )
     args = parser.parse_args(argv)
     examples = args.examples or (QUICK_EXAMPLES if args.quick else FULL_EXAMPLES)
@@ -164,7 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info()
     say(f"{command}: {machine['cores']} cores, Python {machine['python']}")
     began = time.perf_counter()
-    storms = {"management": _management, "socket": _agent_socket, "public": _public_routes}
+    storms = {
+        "management": _management,
+        "socket": _agent_socket,
+        "public": _public_routes,
+        "wire": _wire_attacks,
+    }
     violations: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-fuzz-") as tmp:
         for name, storm in storms.items():
@@ -175,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         [[f"route {r}", _http.TALLY[r], _answers(_http.ANSWERS, r)] for r in sorted(_http.ROUTES)]
         + [[f"frame {verb}", _socket.TALLY[verb], _answers(_socket.ANSWERS, verb)] for verb in _socket.FRAMES]
         + [[f"public {r}", _public.TALLY[r], _answers(_public.ANSWERS, r)] for r in sorted(_public.ROUTES)]
+        + [[f"wire {a}", _wire.TALLY[a], _answers(_wire.ANSWERS, a)] for a in _wire.ATTACKS]
     )
     results = {
         "benchmark": "fuzz",
@@ -184,7 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": elapsed,
         "machine": machine,
         "parameters": {"examples": examples, "seed": args.seed, "only": args.only},
-        "examples": sum(_http.TALLY.values()) + sum(_socket.TALLY.values()) + sum(_public.TALLY.values()),
+        "examples": sum(_http.TALLY.values())
+        + sum(_socket.TALLY.values())
+        + sum(_public.TALLY.values())
+        + sum(_wire.TALLY.values()),
         "routes": {
             route: {"examples": _http.TALLY[route], "answers": _answers(_http.ANSWERS, route)}
             for route in _http.ROUTES
@@ -197,6 +240,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             route: {"examples": _public.TALLY[route], "answers": _answers(_public.ANSWERS, route)}
             for route in _public.ROUTES
         },
+        "wire_attacks": {
+            attack: {"examples": _wire.TALLY[attack], "answers": _answers(_wire.ANSWERS, attack)}
+            for attack in _wire.ATTACKS
+        },
+        "wire_peak_rss_mib": dict(PEAK),
+        "wire_health_ms_during_first_frames": {
+            "asked": len(_wire.HEALTH_MS),
+            "max": max(_wire.HEALTH_MS, default=None),
+            "median": statistics.median(_wire.HEALTH_MS) if _wire.HEALTH_MS else None,
+        },
         "violations": len(violations),
         "violation_details": violations,
     }
@@ -204,6 +257,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(f"{command} ({elapsed:.0f} s; {machine['cores']} cores, Python {machine['python']})")
     print_table(("route / frame", "examples run", "answered"), rows)
+    if _wire.HEALTH_MS:
+        print(
+            f"wire: /health asked {len(_wire.HEALTH_MS)} times during first-frame attacks, the slowest"
+            f" answer {max(_wire.HEALTH_MS):.0f} ms (median {statistics.median(_wire.HEALTH_MS):.0f} ms)"
+        )
+    if "after" in PEAK:
+        print(
+            f"wire: the runner's peak memory {PEAK['before']:.0f} MiB before the attacks,"
+            f" {PEAK['after']:.0f} MiB after them (+{PEAK['after'] - PEAK['before']:.0f} MiB)"
+        )
     print(f"examples: {results['examples']}; violations: {len(violations)}")
     for where, what in violations.items():
         print(f"\nVIOLATION {where}:\n{what}")

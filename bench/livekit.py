@@ -83,9 +83,11 @@ FULL = Profile(name="full", calls=10, turns_per_call=3, seconds=300.0)
 Sentence = tuple[Path, int, float]
 
 
-async def sentence_file(directory: Path, *, lead_s: float = LEAD_S) -> Sentence:
-    """The caller's sentence as PCM with silence around it; and where its speech ends, in s from the end."""
-    tts = EspeakTTS(VOICE)
+async def sentence_file(directory: Path, *, lead_s: float = LEAD_S, tts: Any = None) -> Sentence:
+    """The caller's sentence as PCM with silence around it; and where its speech ends, in s from the end.
+
+    ``tts`` speaks it (espeak's ``VOICE`` by default)."""
+    tts = tts or EspeakTTS(VOICE)
     pcm = b"".join([chunk async for chunk in tts.synthesize(SENTENCE)])
     rate = tts.sample_rate_hz
     data = bytes(2 * int(rate * lead_s)) + pcm + bytes(2 * int(rate * TAIL_S))
@@ -107,9 +109,10 @@ async def say_and_hear(caller: Any, sentence: Sentence, *, within: float = 20) -
 
 
 @asynccontextmanager
-async def livekit_env(prefix: str) -> AsyncIterator[tuple[Path, LiveKitEnv]]:
+async def livekit_env(prefix: str, *, webhooks: bool = False) -> AsyncIterator[tuple[Path, LiveKitEnv]]:
     """A scratch folder and a livekit-server of its own in a private network namespace.
 
+    ``webhooks``: the server posts its webhooks to lk_harness.WEBHOOK_URLS, in the namespace.
     Exits with one line when the server's binary is missing or this is not root.
     """
     binary = find_livekit_server()
@@ -121,7 +124,7 @@ async def livekit_env(prefix: str) -> AsyncIterator[tuple[Path, LiveKitEnv]]:
         raise SystemExit("this benchmark makes a network namespace and must run as root")
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         workdir = Path(tmp)
-        server = LiveKitServer(binary, workdir / "server")
+        server = LiveKitServer(binary, workdir / "server", webhooks=webhooks)
         await trio.to_thread.run_sync(server.start)
         env = LiveKitEnv(server, workdir)
         try:

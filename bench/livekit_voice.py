@@ -8,7 +8,8 @@ microphone), with the two agents of ``bench/_voice_agents.py``:
 
 1. Latency: per turn, from the end of the caller's speech (its last loud sample leaving the
    caller's audio source) to the first loud 20 ms frame of the agent's reply at the caller,
-   p50/p99, old agent and new agent in the same run. Both end a turn after 500 ms of quiet.
+   p50/p99, the agents in the same run. ``new_silence`` ends a turn after 500 ms of
+   quiet, ``new`` when Smart Turn judges it over (issue 30, bench/turn_taking.py).
    Each turn is split into stages: the runner logs its moments (``runner.voice.timeline``,
    at debug: the pause found, the decode done, the model's first text, the turn's end, the
    first synthesized audio, the first audio handed to LiveKit) on the same monotonic clock
@@ -342,15 +343,21 @@ def stage_stats(turns: list[dict[str, float]], q: str = "p50") -> dict[str, floa
 
 AGENT_NAMES = {
     "old": "old (energy VAD, pocketsphinx, espeak)",
-    "new": "new (Silero, Whisper at pauses, hibari)",
+    "new": "new (Silero, Whisper at pauses, hibari, Smart Turn)",
+    "new_silence": "new, its turns ended by 500 ms of silence",
 }
 # ``--before PATH`` also times the new agent as the runner checked out at PATH serves it.
 BEFORE = "@before"
 
 
 async def run(
-    profile: Profile, agents: tuple[str, ...], levels: tuple[int, ...], before: Path | None = None
+    profile: Profile,
+    agents: tuple[str, ...],
+    levels: tuple[int, ...],
+    before: Path | None = None,
+    caller_tts: Any = None,
 ) -> dict[str, Any]:
+    """The figures; ``caller_tts`` speaks the caller's sentence (espeak's ``VOICE`` by default)."""
     began = time.perf_counter()
     result: dict[str, Any] = {agent: Turns() for agent in agents}
     result["concurrency"] = []
@@ -359,7 +366,7 @@ async def run(
     async with livekit_env("bench-voice-") as (workdir, env):
         cpu_start = cpu_sample()
         try:
-            sentence = await sentence_file(workdir, lead_s=LEAD_S)
+            sentence = await sentence_file(workdir, lead_s=LEAD_S, tts=caller_tts)
             with trio.move_on_after(profile.seconds):
                 if agents:
                     result |= await latency(env, workdir, agents, profile, sentence, before)
@@ -374,7 +381,12 @@ async def run(
         "seconds": time.perf_counter() - began,
         "machine": machine_info(),
         "parameters": attrs.asdict(profile)
-        | {"sentence": SENTENCE, "caller_voice": VOICE, "end_of_turn_ms": 500, "agents": list(agents)}
+        | {
+            "sentence": SENTENCE,
+            "caller_voice": repr(caller_tts) if caller_tts else VOICE,
+            "end_of_turn_ms": "500 (new_silence); Smart Turn (new, old)",
+            "agents": list(agents),
+        }
         | {"before": str(before) if before else None},
         "load_average_at_start": list(load_at_start),
         "load_average_at_end": list(os.getloadavg()),

@@ -39,8 +39,7 @@ import attrs
 import httpx
 import trio
 
-from runner.agent import Agent, Context
-from runner.agent._runtime import conversation_factory
+from runner.agent import Agent, Context, conversation_factory
 from runner.config import Config
 from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport

@@ -36,8 +36,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from journal import open_journal
-from runner.agent import LLM, TTS, Agent, Context
-from runner.agent._runtime import AgentRuntime
+from runner.agent import LLM, TTS, Agent, AgentRuntime, Context
 from runner.calls import CallContext
 from runner.telemetry import Metrics, configure_tracing, stage
 from runner.transports.loopback import LoopbackSession

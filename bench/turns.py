@@ -42,7 +42,8 @@ import trio
 
 from runner.providers import ChatMessage, LocalLLM, TextDelta, ToolCall, ToolSpec
 from runner.providers.espeak import EspeakTTS
-from runner.voice.engine import AudioData, ReplyChunk, ToolOutcome, Turn, TurnEvent, TurnPlan
+from runner.voice.engine import ToolOutcome, Turn, TurnPlan
+from runner.voice.events import AudioData, ReplyChunk, TurnEvent
 
 from ._common import (
     Budget,

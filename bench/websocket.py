@@ -19,7 +19,7 @@ number of conversations take turns at the same time, each one after another, thr
   messages stored, usage charged) with a participant that takes the conversation's events
   where a socket would turn them into frames. socket / platform is the socket's own cost
   (frames, the send path, HTTP, the kernel, another process);
-* **in-process**: :class:`~runner.agent._runtime.AgentRuntime.take_turn` alone (no platform,
+* **in-process**: :class:`~runner.agent.AgentRuntime.take_turn` alone (no platform,
   no store, no journal): the issue's original baseline. socket / in-process is the whole
   overhead; platform / in-process is the platform's.
 
@@ -372,8 +372,8 @@ class _Participant:
     closed: trio.Event = attrs.Factory(trio.Event)
 
     def deliver(self, event: Any) -> None:
-        from runner.platform._events import TurnClosed
-        from runner.voice.engine import AudioData, ReplyDelta
+        from runner.platform import TurnClosed
+        from runner.voice.events import AudioData, ReplyDelta
 
         sample = self.sample
         if sample is None:
@@ -413,7 +413,7 @@ async def _platform_turns(person: _Participant, turns: int, deadline: float, out
 async def open_platform(profile: Profile, data_dir: Path) -> AsyncIterator[Any]:
     """A Runner, its journal and the Platform in this process; yields ``level(sockets, turns)``."""
     from journal import open_agent_store, open_journal
-    from runner.agent._runtime import choose_experiments, conversation_factory
+    from runner.agent import choose_experiments, conversation_factory
     from runner.calls import Runner
     from runner.config import Config
     from runner.transports.websocket import AgentSocketService, AgentSocketSetup, WebSocketTransport
@@ -472,10 +472,10 @@ async def open_platform(profile: Profile, data_dir: Path) -> AsyncIterator[Any]:
 
 
 async def _runtime_turns(index: int, turns: int, deadline: float, out: list[Sample]) -> None:
-    from runner.agent._runtime import AgentRuntime
+    from runner.agent import AgentRuntime
     from runner.calls import CallContext
     from runner.transports.loopback import LoopbackSession
-    from runner.voice.engine import AudioData, ReplyDelta, TurnEvent
+    from runner.voice.events import AudioData, ReplyDelta, TurnEvent
 
     context = CallContext(session_id=f"bench-{index}", direction="inbound", client={}, experiments={})
     runtime = AgentRuntime(AGENT, context, None, host_connected=False)

@@ -25,3 +25,31 @@ from ._store import SummaryRow as SummaryRow
 from ._store import TokenRow as TokenRow
 from ._store import UsageRow as UsageRow
 from ._store import open_agent_store as open_agent_store
+
+__all__ = [
+    "DEFAULT_RETENTION_RECORDS",
+    "AgentStore",
+    "ConversationRow",
+    "CursorAhead",
+    "CursorTooOld",
+    "Entry",
+    "Journal",
+    "JournalClosed",
+    "JournalFile",
+    "JournalUnavailable",
+    "JournalWriteFailed",
+    "KnowledgeHit",
+    "Record",
+    "RelationNote",
+    "RelationRow",
+    "Spent",
+    "StoredMessage",
+    "StoredToolCall",
+    "SummaryRow",
+    "TokenRow",
+    "UsageRow",
+    "Window",
+    "now_ms",
+    "open_agent_store",
+    "open_journal",
+]

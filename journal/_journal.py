@@ -16,13 +16,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import errno
 import fcntl
 import functools
+import hashlib
 import json
 import logging
 import operator
 import os
 import queue
+import socket
 import sqlite3
 import threading
 import time
@@ -124,7 +127,8 @@ class JournalUnavailable(Exception):
 class JournalWriteFailed(Exception):
     """A transaction failed and its records were not written: the message is SQLite's reason
     (``database or disk is full``, ``disk I/O error``, ...). The journal goes on; a later
-    append may succeed once the cause is gone."""
+    append may succeed once the cause is gone. Once the journal file was deleted or replaced
+    under the runner, every append fails with this, saying so."""
 
 
 class CursorTooOld(Exception):
@@ -172,25 +176,77 @@ def _connect(path: Path, *, readonly: bool = False, prepare: bool = True) -> sql
     return conn
 
 
-def _take_ownership(path: Path) -> int:
-    """Lock the journal file for this process: one runner owns a journal, or none starts.
+@attrs.frozen
+class _Ownership:
+    """What makes a runner the owner of its journal, held until the journal closed."""
 
-    An exclusive ``flock`` on the file itself, taken before SQLite opens it and held until
-    the journal closed (released by the kernel if the process dies). flock and SQLite's own
-    POSIX locks do not interact, and the descriptor is closed only after every connection.
+    fd: int
+    """The journal file, ``flock``-ed: the file's identity is the one this descriptor names."""
+    name: socket.socket
+    """Bound to a name made of the path: it holds the path even once the file is deleted."""
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        status = os.fstat(self.fd)
+        return status.st_dev, status.st_ino
+
+    def release(self) -> None:
+        os.close(self.fd)  # releases the flock
+        self.name.close()
+
+
+def file_identity(path: Path) -> tuple[int, int]:
+    """The device and inode the path names now."""
+    status = os.stat(path)
+    return status.st_dev, status.st_ino
+
+
+def file_gone(path: Path, identity: tuple[int, int]) -> str | None:
+    """How the file with ``identity`` left ``path`` (``deleted``, ``replaced by another file``), or None."""
+    try:
+        now = file_identity(path)
+    except FileNotFoundError:
+        return "deleted"
+    return None if now == identity else "replaced by another file"
+
+
+def _path_name(path: Path) -> bytes:
+    """An abstract socket name for the journal's path (Linux): one runner may hold it."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(path))).hexdigest()
+    return f"\0curb-runner-journal:{digest}".encode()
+
+
+def _take_ownership(path: Path) -> _Ownership:
+    """Lock the journal for this process: one runner owns a journal, or none starts.
+
+    Two locks, both released by the kernel when the process dies, however it dies. The
+    path: an abstract Unix socket bound to a name made of it, taken first, so a runner
+    started on the path of a file deleted under a running one is refused (and creates
+    nothing). The file: an exclusive ``flock`` on it, taken before SQLite opens it (a
+    runner in another network namespace does not see the socket's name). flock and
+    SQLite's own POSIX locks do not interact; both are released after every connection.
     """
+    in_use = JournalUnavailable(f"journal {path} is in use by another runner (one runner owns a journal)")
+    name = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        name.bind(_path_name(path))
+    except OSError as exc:
+        name.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise in_use from None
+        raise JournalUnavailable(f"journal {path}: {exc.strerror}") from None
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
+        name.close()
         raise JournalUnavailable(f"journal {path}: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise JournalUnavailable(
-            f"journal {path} is in use by another runner (one runner owns a journal)"
-        ) from None
-    return fd
+        name.close()
+        raise in_use from None
+    return _Ownership(fd, name)
 
 
 def _check_file(conn: sqlite3.Connection, path: Path, known_migrations: Sequence[str]) -> None:
@@ -314,6 +370,17 @@ def _read_records(
 def _open_producers(conn: sqlite3.Connection, exclude: Sequence[str]) -> list[str]:
     rows = conn.execute("SELECT producer FROM producers WHERE closed = 0 ORDER BY producer")
     return [row[0] for row in rows if row[0] not in exclude]
+
+
+def _open_named(conn: sqlite3.Connection, cls: str, name: str, exclude: Sequence[str]) -> list[Record]:
+    rows = conn.execute(
+        "SELECT envelope, producer, seq, class, at, body FROM records"
+        " WHERE class = ? AND body ->> '$.name' = ?"
+        " AND producer IN (SELECT producer FROM producers WHERE closed = 0)"
+        " ORDER BY envelope",
+        (cls, name),
+    )
+    return [Record.from_row(row) for row in rows if row[1] not in exclude]
 
 
 def _no_default(value: Any) -> Any:
@@ -506,11 +573,47 @@ def _closers(producers: Sequence[str], closes: Sequence[bool]) -> list[str]:
 class _Writer:
     """The one connection that writes. Used only from the writer thread."""
 
-    def __init__(self, conn: sqlite3.Connection, retention_records: int) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        retention_records: int,
+        *,
+        path: Path,
+        identity: tuple[int, int],
+        fd: int,
+    ) -> None:
         self.conn = conn
         self.retention_records = retention_records
         self.head = _head(conn)
         self.seqs: dict[str, int] = {}
+        self.path = path
+        self.identity = identity
+        self._fd = fd
+        self.lost: str | None = None
+        """Why nothing more is written: the journal file was deleted or replaced under the runner."""
+
+    def _check_file(self) -> None:
+        """Refuse to write once the path no longer names the file this runner owns.
+
+        Records written to a deleted file vanish when the runner stops: acknowledging them
+        would be a lie. Checked before every transaction (one ``stat``, microseconds).
+
+        Raises:
+            JournalWriteFailed: The file was deleted or replaced; every later write fails too.
+        """
+        if self.lost is None:
+            gone = file_gone(self.path, self.identity)
+            if gone is None:
+                return
+            with contextlib.suppress(sqlite3.Error):
+                # Everything into the (deleted) file itself, so one copy of it holds every record.
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self.lost = (
+                f"the journal file {self.path} was {gone} while this runner ran, so nothing more is"
+                f" written; its records can be copied from /proc/{os.getpid()}/fd/{self._fd} until"
+                " this runner stops"
+            )
+        raise JournalWriteFailed(self.lost)
 
     def _stored_seq(self, producer: str) -> int:
         """The last seq the file holds for a producer this writer has not written yet (0 if none)."""
@@ -559,6 +662,7 @@ class _Writer:
                 zip(envelopes, producers, seqs, classes, repeat(at), bodies, strict=False),  # repeat: endless
             )
         )
+        self._check_file()
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -1042,6 +1146,13 @@ class Journal:
         """Producers whose terminal record (``closes=True``) was never written."""
         return await self._readers.run(_open_producers, exclude)
 
+    async def read_open_named(self, cls: str, name: str, *, exclude: Sequence[str] = ()) -> list[Record]:
+        """The retained records of class ``cls`` whose body's ``name`` is ``name``, of open producers.
+
+        For recovery: what a crash left unanswered in the calls it left open (one pass, in order).
+        """
+        return await self._readers.run(_open_named, cls, name, exclude)
+
 
 @asynccontextmanager
 async def open_journal(
@@ -1055,16 +1166,18 @@ async def open_journal(
         raise ValueError("retention_records must be at least 1")
     path = Path(path)
 
+    owner = _take_ownership(path)
+
     def connect() -> tuple[_Writer, list[sqlite3.Connection]]:
         conn = _open_writer(path)
         readers = [_connect(path, readonly=True) for _ in range(_READ_POOL)]
-        return _Writer(conn, retention_records), readers
+        writer = _Writer(conn, retention_records, path=path, identity=owner.identity, fd=owner.fd)
+        return writer, readers
 
-    owner = _take_ownership(path)
     try:
         writer, readers = await trio.to_thread.run_sync(connect)
     except BaseException:
-        os.close(owner)
+        owner.release()
         raise
     journal = Journal(path, writer, readers)
     try:
@@ -1077,7 +1190,7 @@ async def open_journal(
     finally:
         for conn in [*readers, writer.conn]:  # the writer last: it folds the WAL in
             conn.close()
-        os.close(owner)  # last: closing it releases the ownership
+        owner.release()  # last: it releases the ownership
 
 
 # -- Reading a journal file from another process (runner replay) ----------------------------

@@ -23,7 +23,16 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ._journal import JournalWriteFailed, ReaderPool, _connect, migrate, now_ms, rollback
+from ._journal import (
+    JournalWriteFailed,
+    ReaderPool,
+    _connect,
+    file_gone,
+    file_identity,
+    migrate,
+    now_ms,
+    rollback,
+)
 
 _READ_POOL = 2
 
@@ -278,9 +287,19 @@ def _delete_conversation(conn: sqlite3.Connection, conversation_id: str, at: int
     return cursor.rowcount > 0
 
 
+def _deleted(conn: sqlite3.Connection, conversation_id: str) -> bool:
+    row = conn.execute(
+        "SELECT deleted_at FROM agent_conversations WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone()
+    return row is not None and row[0] is not None
+
+
 def _append_messages(
     conn: sqlite3.Connection, conversation_id: str, messages: Sequence[StoredMessage], at: int
 ) -> int:
+    if _deleted(conn, conversation_id):
+        # A turn cancelled by the delete finishes after it: its words stay deleted.
+        return 0
     last = conn.execute(
         "SELECT coalesce(max(position), 0) FROM agent_messages WHERE conversation_id = ?", (conversation_id,)
     ).fetchone()[0]
@@ -397,6 +416,8 @@ def _latest_summary(conn: sqlite3.Connection, conversation_id: str) -> SummaryRo
 def _insert_summary(
     conn: sqlite3.Connection, conversation_id: str, after_position: int, summary: str, trigger: str, at: int
 ) -> None:
+    if _deleted(conn, conversation_id):
+        return
     conn.execute(
         "INSERT OR REPLACE INTO agent_summaries (conversation_id, after_position, summary, trigger, created_at)"
         " VALUES (?, ?, ?, ?, ?)",
@@ -485,6 +506,21 @@ def _charge(
     return Spent(token_spent=spent, token_limit=limit, runner_spent=_runner_spent(conn))
 
 
+def _store_turn(
+    conn: sqlite3.Connection,
+    conversation_id: str,
+    messages: Sequence[StoredMessage],
+    turn_id: str,
+    token_id: str,
+    end_user_id: str,
+    rows: Sequence[UsageRow],
+    at: int,
+) -> Spent | None:
+    if messages:
+        _append_messages(conn, conversation_id, messages, at)
+    return _charge(conn, conversation_id, turn_id, token_id, end_user_id, rows, at) if rows else None
+
+
 def _runner_spent(conn: sqlite3.Connection) -> float:
     return float(conn.execute("SELECT coalesce(sum(credits), 0) FROM agent_usage").fetchone()[0])
 
@@ -504,13 +540,29 @@ def _usage_of(conn: sqlite3.Connection, conversation_id: str) -> list[UsageRow]:
 class AgentStore:
     """The agent WebSocket's rows. Open it with :func:`open_agent_store`."""
 
-    def __init__(self, writer: sqlite3.Connection, readers: list[sqlite3.Connection]) -> None:
+    def __init__(
+        self,
+        writer: sqlite3.Connection,
+        readers: list[sqlite3.Connection],
+        *,
+        path: Path,
+        identity: tuple[int, int],
+    ) -> None:
         self._writer = writer
         self._write_lock = trio.Lock()
         self._readers = ReaderPool(readers)
+        self._path = path
+        self._identity = identity
 
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
         async with self._write_lock:
+            gone = file_gone(self._path, self._identity)
+            if gone is not None:
+                # As the journal's writer: nothing is acknowledged into a file no path names.
+                await trio.lowlevel.checkpoint()
+                raise JournalWriteFailed(
+                    f"the journal file {self._path} was {gone} while this runner ran, so nothing more is written"
+                )
             try:
                 return await trio.to_thread.run_sync(_in_transaction, self._writer, fn, *args)
             except sqlite3.Error as exc:
@@ -592,6 +644,25 @@ class AgentStore:
         """Add what the agent recorded about a person; return the relationship as it now stands."""
         return await self._write(_insert_relation_note, agent_id, end_user_id, note, turn_id, now_ms())
 
+    async def store_turn(
+        self,
+        *,
+        conversation_id: str,
+        messages: Sequence[StoredMessage],
+        turn_id: str,
+        token_id: str,
+        end_user_id: str,
+        rows: Sequence[UsageRow],
+    ) -> Spent | None:
+        """Keep a turn's messages and charge its usage in one transaction: both or neither.
+
+        A deleted conversation keeps none of the messages; the usage is still charged (the
+        providers were paid). Returns the spending after the charge, None when there was none.
+        """
+        return await self._write(
+            _store_turn, conversation_id, list(messages), turn_id, token_id, end_user_id, list(rows), now_ms()
+        )
+
     async def charge(
         self, *, conversation_id: str, turn_id: str, token_id: str, end_user_id: str, rows: Sequence[UsageRow]
     ) -> Spent:
@@ -614,14 +685,14 @@ async def open_agent_store(path: str | Path) -> AsyncIterator[AgentStore]:
     """Open the agent store in the SQLite file at ``path`` (migrating it if needed)."""
     path = Path(path)
 
-    def connect() -> tuple[sqlite3.Connection, list[sqlite3.Connection]]:
+    def connect() -> tuple[sqlite3.Connection, list[sqlite3.Connection], tuple[int, int]]:
         writer = _connect(path)
         migrate(writer)
-        return writer, [_connect(path, readonly=True) for _ in range(_READ_POOL)]
+        return writer, [_connect(path, readonly=True) for _ in range(_READ_POOL)], file_identity(path)
 
-    writer, readers = await trio.to_thread.run_sync(connect)
+    writer, readers, identity = await trio.to_thread.run_sync(connect)
     try:
-        yield AgentStore(writer, readers)
+        yield AgentStore(writer, readers, path=path, identity=identity)
     finally:
         for conn in [*readers, writer]:
             conn.close()

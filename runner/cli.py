@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .config import DEFAULT_ADDRESS, DEFAULT_PUBLIC_ADDRESS, ENVIRONMENT, Config
+from .logs import say
 
 if TYPE_CHECKING:
     from .worker import WorkerSetup
@@ -74,51 +75,49 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--address", help=f"management listener HOST:PORT (default {DEFAULT_ADDRESS}; port 0 picks one)"
     )
     parser.add_argument("--journal", help="the journal file (default ./runner-journal.db)")
-    parser.add_argument("--retention", type=int, help="records the journal keeps (default 4096)")
-    parser.add_argument(
-        "--heartbeat-ms", type=int, help="ping interval of an idle events stream (default 15000)"
-    )
-    parser.add_argument(
-        "--drain-grace-ms", type=int, help="how long a drain lets calls run before it stops them"
-    )
+    parser.add_argument("--retention", help="records the journal keeps (default 4096)")
+    parser.add_argument("--heartbeat-ms", help="ping interval of an idle events stream (default 15000)")
+    parser.add_argument("--drain-grace-ms", help="how long a drain lets calls run before it stops them")
     parser.add_argument(
         "--public-address",
         help=f"public listener HOST:PORT for the agent WebSocket (default {DEFAULT_PUBLIC_ADDRESS}; port 0 picks one)",
     )
-    parser.add_argument(
-        "--agent-idle-seconds", type=int, help="an agent socket idle this long is closed (default 300)"
-    )
-    parser.add_argument(
-        "--credit-pool", type=float, help="the runner's own credits for agent sockets (default: no pool)"
-    )
+    parser.add_argument("--agent-idle-seconds", help="an agent socket idle this long is closed (default 300)")
+    parser.add_argument("--credit-pool", help="the runner's own credits for agent sockets (default: no pool)")
     parser.add_argument(
         "--agent-token-turns-per-minute",
-        type=int,
         help="turns one token may take a minute (default: no limit)",
     )
     parser.add_argument(
-        "--agent-token-connections", type=int, help="open sockets one token may hold (default: no limit)"
+        "--agent-token-connections", help="open sockets one token may hold (default: no limit)"
     )
     parser.add_argument(
         "--agent-max-unsent-bytes",
-        type=int,
         help="an agent socket this far behind in reading is closed with 4006 (default 8388608)",
     )
     parser.add_argument(
         "--http-keep-alive-s",
-        type=float,
         help="an idle connection, or one whose request head is incomplete, closes after this (default 5)",
     )
-    parser.add_argument(
-        "--http-body-timeout-s", type=float, help="a request's body must arrive within this (default 30)"
-    )
+    parser.add_argument("--http-body-timeout-s", help="a request's body must arrive within this (default 30)")
     parser.add_argument(
         "--http-send-timeout-s",
-        type=float,
         help="a client that reads nothing for this long is disconnected (default 30)",
     )
     parser.add_argument(
-        "--http-max-connections", type=int, help="connections each listener holds at once (default 1024)"
+        "--http-max-connections", help="connections each listener holds at once (default 1024)"
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="also answer a Host of this name on the public listener (repeat, or comma-separate; * for any)",
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="also answer pages of this origin, scheme://host[:port], on the public listener (* for any)",
     )
 
 
@@ -135,9 +134,9 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="a managed runner: a host places calls over the management API")
     _add_common(serve)
-    serve.add_argument("--max-sessions", type=int, help="calls held at once (default 1)")
+    serve.add_argument("--max-sessions", help="calls held at once (default 1)")
     serve.add_argument("--deployment-id", help="refuse calls for another deployment")
-    serve.add_argument("--configuration-version", type=int, help="refuse calls for another configuration")
+    serve.add_argument("--configuration-version", help="refuse calls for another configuration")
 
     join = sub.add_parser("join", help="a direct-join runner: handed its one call at start")
     _add_common(join)
@@ -153,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--agent-name", default="", help="take explicit dispatches for this name (default: automatic)"
     )
-    start.add_argument("--max-sessions", type=int, help="calls held at once (default 1)")
+    start.add_argument("--max-sessions", help="calls held at once (default 1)")
     start.add_argument(
         "--no-journal", action="store_true", help="keep no journal: the events stream answers 404 no_journal"
     )
@@ -162,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
         "dev", help="talk to the agent in the terminal and in the browser; reloads when its file is saved"
     )
     _add_common(dev)
-    dev.add_argument("--max-sessions", type=int, help="calls held at once (default 4)")
+    dev.add_argument("--max-sessions", help="calls held at once (default 4)")
 
     console = sub.add_parser("console", help="talk to an agent in the terminal (no transport, no server)")
     console.add_argument(
@@ -207,8 +206,8 @@ def _parser() -> argparse.ArgumentParser:
 DEV_MAX_SESSIONS = 4
 
 
-def _max_sessions(args: argparse.Namespace, mode: str) -> int | None:
-    given: int | None = getattr(args, "max_sessions", None)
+def _max_sessions(args: argparse.Namespace, mode: str) -> int | str | None:
+    given: str | None = getattr(args, "max_sessions", None)
     if mode == "dev" and given is None and not os.environ.get("CURB_MAX_SESSIONS"):
         return DEV_MAX_SESSIONS
     return given
@@ -237,6 +236,8 @@ def _config(args: argparse.Namespace, mode: str) -> Config:
         configuration_version=getattr(args, "configuration_version", None),
         keep_journal=False if getattr(args, "no_journal", False) else None,
         metrics_address=args.metrics_address,
+        allow_hosts=args.allow_host,
+        allow_origins=args.allow_origin,
     )
 
 
@@ -251,11 +252,10 @@ def _serve(args: argparse.Namespace) -> int:
         if mode == "worker":
             worker = _worker_setup(args)
     except ValueError as exc:
-        print(f"runner: {exc}", file=sys.stderr)
+        say(str(exc), level=logging.ERROR)
         return 2
     # The runner's stack is imported only once the configuration holds (a second and more).
-    from .agent import load_agent
-    from .agent._runtime import choose_experiments, conversation_factory
+    from .agent import choose_experiments, conversation_factory, load_agent
     from .runtime import API_KEY_ENV, freeze_startup_heap, resolve_token, serve_runner
     from .telemetry import configure_tracing_from_env
     from .transports.livekit import LiveKitTransport
@@ -266,7 +266,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         exporter = configure_tracing_from_env()
     except ValueError as exc:
-        print(f"runner: {exc}", file=sys.stderr)
+        say(str(exc), level=logging.ERROR)
         return 2
     if exporter is not None:
         log.info("tracing: spans go to the %s exporter", exporter)
@@ -298,7 +298,12 @@ def _serve(args: argparse.Namespace) -> int:
         serve_runner,
         config,
         token=token,
-        transports=[loopback, LiveKitTransport()],
+        transports=[
+            loopback,
+            LiveKitTransport(
+                api_key=os.environ.get("LIVEKIT_API_KEY"), api_secret=os.environ.get("LIVEKIT_API_SECRET")
+            ),
+        ],
         conversation_factory=factory,
         experiment_chooser=lambda start: choose_experiments(
             dev.agent if dev is not None else agent,
@@ -370,7 +375,7 @@ def _load_knowledge(args: argparse.Namespace) -> int:
                     raise ValueError(f"line {number}: entry_id must be a string")
                 entries.append((entry_id, entry["title"].strip(), entry["text"].strip()))
     except (OSError, ValueError) as exc:
-        print(f"runner: {exc}", file=sys.stderr)
+        say(str(exc), level=logging.ERROR)
         return 2
 
     async def load() -> int:
@@ -386,18 +391,19 @@ def _configure_logging(args: argparse.Namespace, environ: Mapping[str, str] = os
     """Flags first, then CURB_LOG_LEVEL / CURB_LOG_FORMAT; a bad variable is named (ValueError)."""
     from .logs import FORMATS, LEVELS, configure_logging
 
-    level = args.log_level or environ.get("CURB_LOG_LEVEL", "").lower() or args.default_log_level
-    if level not in LEVELS:
-        raise ValueError(f"CURB_LOG_LEVEL must be one of {', '.join(LEVELS)}, got {level!r}")
     log_format = args.log_format or environ.get("CURB_LOG_FORMAT", "").lower() or "text"
     if log_format not in FORMATS:
         raise ValueError(f"CURB_LOG_FORMAT must be one of {', '.join(FORMATS)}, got {log_format!r}")
-    configure_logging(level, log_format)
+    level = args.log_level or environ.get("CURB_LOG_LEVEL", "").lower() or args.default_log_level
+    # The format holds, so even a bad level is reported in it.
+    configure_logging(level if level in LEVELS else args.default_log_level, log_format)
+    if level not in LEVELS:
+        raise ValueError(f"CURB_LOG_LEVEL must be one of {', '.join(LEVELS)}, got {level!r}")
 
 
 def _warm_up(agent: Any) -> bool:
     """Build every provider the agent names and look up its key; False (said once) if one fails."""
-    from .agent._runtime import WarmUpFailed, warm_up
+    from .agent import WarmUpFailed, warm_up
 
     try:
         trio.run(warm_up, agent)
@@ -414,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _configure_logging(args)
     except ValueError as exc:
-        print(f"runner: {exc}", file=sys.stderr)
+        say(str(exc), level=logging.ERROR)
         return 2
     if args.command == "replay":
         from .replay import call_timeline, replay
@@ -457,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 refused = found.exceptions[0]
         if isinstance(refused, StartupRefused):
             # Refused before anything changed (a taken port, a journal in use or unusable): one line.
-            print(f"runner: {refused}", file=sys.stderr)
+            say(str(refused), level=logging.ERROR)
             return 1
         # A warmup failure: no ready line, a non-zero exit, and the cause on stderr.
         log.error("the runner failed: %s", exc, exc_info=exc)

@@ -30,6 +30,8 @@ ENVIRONMENT: dict[str, str] = {
     "CURB_AGENT_TOKEN_TURNS_PER_MINUTE": "turns one token may take a minute (--agent-token-turns-per-minute)",
     "CURB_AGENT_TOKEN_CONNECTIONS": "open sockets one token may hold (--agent-token-connections)",
     "CURB_METRICS_ADDRESS": "also serve /metrics, without auth, on HOST:PORT (--metrics-address)",
+    "CURB_ALLOW_HOSTS": "more Host names the public listener answers, comma-separated (--allow-host)",
+    "CURB_ALLOW_ORIGINS": "more page origins the public listener answers, comma-separated (--allow-origin)",
     "CURB_MANAGEMENT_TOKEN": "the management bearer token (default: one made and kept beside the journal)",
     "CURB_API_KEY": "the key agent-socket tokens are checked against (default: none)",
     "CURB_LOG_LEVEL": "debug, info, warning or error (--log-level; default info)",
@@ -71,6 +73,8 @@ class Config:
     http_body_timeout_s: float = 30.0
     http_send_timeout_s: float = 30.0
     http_max_connections: int = 1024
+    allow_hosts: tuple[str, ...] = ()
+    allow_origins: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
@@ -90,6 +94,8 @@ class Config:
             "agent_token_turns_per_minute": "CURB_AGENT_TOKEN_TURNS_PER_MINUTE",
             "agent_token_connections": "CURB_AGENT_TOKEN_CONNECTIONS",
             "metrics_address": "CURB_METRICS_ADDRESS",
+            "allow_hosts": "CURB_ALLOW_HOSTS",
+            "allow_origins": "CURB_ALLOW_ORIGINS",
         }
         # Where each value came from, so a bad one is reported by the name the user gave it.
         source: dict[str, str] = {}
@@ -101,19 +107,13 @@ class Config:
             if value is not None:
                 values[field] = value
                 source[field] = _FLAGS.get(field, "--" + field.replace("_", "-"))
-        for field in (
-            "retention_records",
-            "max_sessions",
-            "configuration_version",
-            "heartbeat_ms",
-            "agent_idle_seconds",
-            "agent_token_turns_per_minute",
-            "agent_token_connections",
-        ):
+        for field in RANGES:
             if field in values:
-                values[field] = _convert(int, values[field], source[field], "an integer")
-        if "credit_pool" in values:
-            values["credit_pool"] = _convert(float, values["credit_pool"], source["credit_pool"], "a number")
+                kind, what = (float, "a number") if field in _FLOATS else (int, "an integer")
+                values[field] = _convert(kind, values[field], source[field], what)
+        for field in ("allow_hosts", "allow_origins"):
+            if field in values:
+                values[field] = _names(values[field])
         if "journal_path" in values:
             values["journal_path"] = Path(str(values["journal_path"]))
         config = cls(**values)  # type: ignore[arg-type]  # values were converted field by field above; the dict cannot say so to mypy
@@ -125,27 +125,49 @@ class Config:
                 except ValueError as exc:
                     raise ValueError(f"{source.get(field, field)}: {exc}") from None
 
-        def check(field: str, ok: bool, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"{source.get(field, field)} {rule}, got {getattr(config, field)!r}")
-
-        check("retention_records", config.retention_records >= 1, "must be at least 1")
-        check("max_sessions", config.max_sessions >= 1, "must be at least 1")
-        check("agent_idle_seconds", config.agent_idle_seconds >= 1, "must be at least 1")
-        check("credit_pool", config.credit_pool is None or config.credit_pool >= 0, "must not be negative")
-        for field in ("agent_token_turns_per_minute", "agent_token_connections"):
-            limit = getattr(config, field)
-            check(field, limit is None or limit >= 1, "must be at least 1")
-        for field in ("http_keep_alive_s", "http_body_timeout_s", "http_send_timeout_s"):
-            check(field, getattr(config, field) > 0, "must be positive")
-        check("http_max_connections", config.http_max_connections >= 1, "must be at least 1")
-        check("agent_max_unsent_bytes", config.agent_max_unsent_bytes >= 1, "must be at least 1")
-        version = config.configuration_version
-        check("configuration_version", version is None or version >= 1, "must be a positive integer")
+        for field, (low, high) in RANGES.items():
+            value = getattr(config, field)
+            if value is None:
+                continue
+            # NaN fails both comparisons, so it is refused too.
+            if not (low <= value <= high):
+                name = source.get(field, field)
+                raise ValueError(f"{name} must be from {_show(low)} to {_show(high)}, got {value!r}")
         return config
 
 
+#: Each numeric setting's accepted range, inclusive, checked at start (docs/configuration.md).
+#: The bounds keep every value usable where it goes: a SQLite integer, a timer that is neither
+#: a busy loop nor forever, a count the machine can hold.
+RANGES: dict[str, tuple[int | float, int | float]] = {
+    "retention_records": (1, 1_000_000_000),
+    "max_sessions": (1, 10_000),
+    "configuration_version": (1, 2**53 - 1),
+    "heartbeat_ms": (100, 3_600_000),
+    "drain_grace_ms": (0, 86_400_000),
+    "agent_idle_seconds": (1, 86_400),
+    "credit_pool": (0, 1e12),
+    "agent_token_turns_per_minute": (1, 1_000_000),
+    "agent_token_connections": (1, 100_000),
+    "agent_max_unsent_bytes": (1, 1 << 30),
+    "http_keep_alive_s": (0.001, 86_400),
+    "http_body_timeout_s": (0.001, 86_400),
+    "http_send_timeout_s": (0.001, 86_400),
+    "http_max_connections": (1, 100_000),
+}
+
+_FLOATS = {"credit_pool", "http_keep_alive_s", "http_body_timeout_s", "http_send_timeout_s"}
+
 _FLAGS = {"journal_path": "--journal", "retention_records": "--retention"}
+
+
+def _names(value: object) -> tuple[str, ...]:
+    """A comma-separated list (a variable) or a list of them (a repeated flag) as its names."""
+    given = (
+        [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+    )
+    parts = [part.strip() for item in given for part in str(item).split(",")]
+    return tuple(part for part in parts if part)
 
 
 def _convert(kind: type[int] | type[float], value: object, name: str, what: str) -> int | float:
@@ -153,3 +175,7 @@ def _convert(kind: type[int] | type[float], value: object, name: str, what: str)
         return kind(str(value))
     except ValueError:
         raise ValueError(f"{name} must be {what}, got {str(value)!r}") from None
+
+
+def _show(bound: int | float) -> str:
+    return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"

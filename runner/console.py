@@ -11,20 +11,20 @@ audio devices; otherwise one line on stderr says why and the console stays text 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 import trio
 
-from .agent import Agent
-from .agent._runtime import AgentRuntime, choose_experiments, without_voice
+from .agent import Agent, AgentRuntime, choose_experiments, without_voice
 from .calls import CallContext
 from .logs import bind_session
 from .transports.loopback import LoopbackCaller, LoopbackSession
 from .voice.audio import write_wav
-from .voice.engine import (
+from .voice.events import (
     AudioData,
     AudioStart,
     Heard,
@@ -34,6 +34,7 @@ from .voice.engine import (
     ToolStarted,
     TurnEvent,
     TurnFinished,
+    TurnResult,
 )
 
 PROMPT = "you> "
@@ -73,42 +74,87 @@ class Transcript:
         self.speech_bytes = bytearray()
         self.turns = 0
         self.failed = 0
+        # The conversation line written so far, and whether a log line cut it off since.
+        self._line = ""
+        self._cut = False
+
+    def _write(self, text: str) -> None:
+        if self._cut and self._line:
+            self.stdout.write(self._line)  # the line again, whole, below what cut it
+        self._cut = False
+        self.stdout.write(text)
+        self._line = (self._line + text).rpartition("\n")[2]
+
+    def end_line(self) -> None:
+        """End the conversation line being written (if any) before something else prints."""
+        if self._line and not self._cut:
+            self.stdout.write("\n")
+            self.stdout.flush()
+            self._cut = True
+
+    @contextlib.contextmanager
+    def keeping_lines_whole(self) -> Iterator[None]:
+        """While open, a log line (on the root logger's handlers, which share the terminal)
+        first ends the conversation line it would land in the middle of; the conversation
+        line is shown again, whole, when it goes on."""
+        guard = _EndsTheLine(self)
+        handlers = list(logging.getLogger().handlers)
+        for handler in handlers:
+            handler.addFilter(guard)
+        try:
+            yield
+        finally:
+            for handler in handlers:
+                handler.removeFilter(guard)
 
     async def show(self, event: TurnEvent) -> None:
-        out = self.stdout
-        if isinstance(event, Heard):
-            out.write(_dim(f"(heard) {event.text}", self.tty) + "\n")
-        elif isinstance(event, ReplyDelta):
-            out.write(event.text)
-        elif isinstance(event, ToolStarted):
-            arguments = ", ".join(f"{k}={v!r}" for k, v in event.arguments.items())
-            out.write(_dim(f"[{event.name}({arguments})] ", self.tty))
-        elif isinstance(event, ToolEnded):
-            outcome = "ok" if event.ok else f"failed: {event.error}"
-            out.write(_dim(f"[{event.name}: {outcome} in {event.ms} ms] ", self.tty))
-        elif isinstance(event, SpeechFailed):
-            out.write(_dim(f"[speech failed: {event.code}] ", self.tty))
-        elif isinstance(event, AudioStart):
-            self.rate_hz = event.sample_rate_hz
-        elif isinstance(event, AudioData):
-            self.speech_bytes.extend(event.pcm)
-            if self.audio is not None:
-                await self.audio(event.pcm, self.rate_hz)
-        elif isinstance(event, TurnFinished):
-            result = event.result
-            if result.error_code is not None:
-                # In place of the reply a provider error would leave empty: what went wrong.
-                self.failed += 1
-                out.write(f"{' ' if result.text else ''}[turn failed at the {result.stage}: {result.reason}]")
-            timings = result.timings
-            note = f"  ({timings.total_ms} ms"
-            if timings.model_first_text_ms is not None:
-                note += f", first text {timings.model_first_text_ms} ms"
-            if timings.first_audio_sent_ms is not None and self.speech:
-                note += f", first audio {timings.first_audio_sent_ms} ms"
-            out.write(_dim(note + ")", self.tty) + "\n")
-            self.turns += 1
-        out.flush()
+        """Print what of a turn's events a person at the terminal reads; keep its speech."""
+        match event:
+            case Heard(text=text):
+                self._write(_dim(f"(heard) {text}", self.tty) + "\n")
+            case ReplyDelta(text=text):
+                self._write(text)
+            case ToolStarted(name=name, arguments=arguments):
+                shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+                self._write(_dim(f"[{name}({shown})] ", self.tty))
+            case ToolEnded(name=name, ok=ok, error=error, ms=ms):
+                outcome = "ok" if ok else f"failed: {error}"
+                self._write(_dim(f"[{name}: {outcome} in {ms} ms] ", self.tty))
+            case SpeechFailed(code=code):
+                self._write(_dim(f"[speech failed: {code}] ", self.tty))
+            case AudioStart(sample_rate_hz=rate_hz):
+                self.rate_hz = rate_hz
+            case AudioData(pcm=pcm):
+                self.speech_bytes.extend(pcm)
+                if self.audio is not None:
+                    await self.audio(pcm, self.rate_hz)
+            case TurnFinished(result=result):
+                self._finished(result)
+        self.stdout.flush()
+
+    def _finished(self, result: TurnResult) -> None:
+        if result.error_code is not None:
+            # In place of the reply a provider error would leave empty: what went wrong.
+            self.failed += 1
+            self._write(f"{' ' if result.text else ''}[turn failed at the {result.stage}: {result.reason}]")
+        timings = result.timings
+        note = f"  ({timings.total_ms} ms"
+        if timings.model_first_text_ms is not None:
+            note += f", first text {timings.model_first_text_ms} ms"
+        if timings.first_audio_sent_ms is not None and self.speech:
+            note += f", first audio {timings.first_audio_sent_ms} ms"
+        self._write(_dim(note + ")", self.tty) + "\n")
+        self.turns += 1
+
+
+class _EndsTheLine(logging.Filter):
+    def __init__(self, transcript: Transcript) -> None:
+        super().__init__()
+        self.transcript = transcript
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.transcript.end_line()
+        return True
 
 
 async def read_turns(
@@ -281,22 +327,25 @@ async def run_console(
     async def say(text: str) -> None:
         await runtime.take_turn(text)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(runtime.run, session, session.events)
-        sound = _Sound(sounddevice, session) if sounddevice is not None else None
-        if sound is not None:
-            nursery.start_soon(sound.serve)
-        else:
-            nursery.start_soon(_drain, caller)
-        await runtime.ready.wait()
-        await runtime.wait_idle()  # the greeting, if any
-        if prompt:
-            stdout.write(_dim("(/help lists the commands)", True) + "\n")
-        await read_turns(stdin, stdout, say, prompt=prompt)
-        await runtime.wait_idle()
-        if sound is not None:
-            await sound.wait_played()  # the last reply is heard to its end
-        nursery.cancel_scope.cancel()
+    # On a terminal the log (stderr) and the conversation (stdout) share the screen.
+    whole = transcript.keeping_lines_whole() if stdout.isatty() else contextlib.nullcontext()
+    with whole:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runtime.run, session, session.events)
+            sound = _Sound(sounddevice, session) if sounddevice is not None else None
+            if sound is not None:
+                nursery.start_soon(sound.serve)
+            else:
+                nursery.start_soon(_drain, caller)
+            await runtime.ready.wait()
+            await runtime.wait_idle()  # the greeting, if any
+            if prompt:
+                stdout.write(_dim("(/help lists the commands)", True) + "\n")
+            await read_turns(stdin, stdout, say, prompt=prompt)
+            await runtime.wait_idle()
+            if sound is not None:
+                await sound.wait_played()  # the last reply is heard to its end
+            nursery.cancel_scope.cancel()
     if wav_path is not None and transcript.speech_bytes:
         write_wav(wav_path, bytes(transcript.speech_bytes), transcript.rate_hz)
         stdout.write(_dim(f"speech written to {wav_path}", transcript.tty) + "\n")

@@ -24,9 +24,7 @@ from typing import Any, TextIO
 
 import trio
 
-from .agent import Agent, load_agent
-from .agent._loader import DEFAULT_AGENT
-from .agent._runtime import AgentRuntime, warm_up
+from .agent import DEFAULT_AGENT, Agent, AgentRuntime, load_agent, warm_up
 from .calls import CallContext, CallRecord, Runner
 from .console import Transcript
 from .errors import RunnerError
@@ -37,6 +35,7 @@ from .wire import StartCallRequest
 log = logging.getLogger("runner.dev")
 
 RELOAD_REASON = "agent_reloaded"
+TERMINAL_SESSION = "dev"
 _DEBOUNCE_MS = 150
 
 
@@ -93,21 +92,23 @@ class Dev:
     async def run(self, serve: Callable[..., Awaitable[Outcome]], stdin: TextIO) -> Outcome:
         """Run the runner (``serve(task_status=...)``) with the terminal's call, typing and reloads."""
         outcome: Outcome | None = None
-        async with trio.open_nursery() as nursery:
+        with self.transcript.keeping_lines_whole():
+            async with trio.open_nursery() as nursery:
 
-            async def run_runner(*, task_status: trio.TaskStatus[tuple[str, Runner]]) -> None:
-                nonlocal outcome
-                outcome = await serve(task_status=task_status)
-                nursery.cancel_scope.cancel()
+                async def run_runner(*, task_status: trio.TaskStatus[tuple[str, Runner]]) -> None:
+                    nonlocal outcome
+                    outcome = await serve(task_status=task_status)
+                    nursery.cancel_scope.cancel()
 
-            _, runner = await nursery.start(run_runner)
-            nursery.start_soon(self.serve_terminal_call, runner)
-            nursery.start_soon(self.serve_typing, stdin)
-            nursery.start_soon(self.serve_reloads, runner)
+                _, runner = await nursery.start(run_runner)
+                nursery.start_soon(self.serve_terminal_call, runner)
+                nursery.start_soon(self.serve_typing, stdin)
+                nursery.start_soon(self.serve_reloads, runner)
         assert outcome is not None
         return outcome
 
     def say(self, line: str) -> None:
+        self.transcript.end_line()  # never in the middle of a conversation line
         print(f"runner: {line}", file=self.out, flush=True)
 
     def conversation_factory(self) -> Callable[[CallContext, CallRecord], AgentRuntime]:
@@ -125,10 +126,11 @@ class Dev:
         """Hold the terminal's call: start it, restart it on a reload, end it when the runner drains."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._end_on_drain, runner, nursery.cancel_scope)
+            # One session id for every restart, so `runner replay --producer dev` finds them all.
+            session_id = TERMINAL_SESSION
+            self.terminal_session = session_id
             while not runner.draining:
                 self.calls_started += 1
-                session_id = "dev" if self.calls_started == 1 else f"dev-{self.calls_started}"
-                self.terminal_session = session_id
                 try:
                     call, _ = await runner.start_call(
                         StartCallRequest(
@@ -154,6 +156,9 @@ class Dev:
                     call_nursery.cancel_scope.cancel()
                 if call.state not in ("ending", "ended"):
                     await runner.stop_call(session_id, reason=RELOAD_REASON, grace_ms=0)
+                # The runner lets go of the call in the step that sets its end, so the same
+                # id starts again below as a new call, not as a repeat of this one.
+                await call.wait_ended()
 
     async def _wait_reload_or_end(self, call: Any) -> None:
         async with trio.open_nursery() as nursery:

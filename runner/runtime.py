@@ -8,6 +8,7 @@ before anything listens; ``ready`` is printed only once the listener is bound;
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -30,22 +31,35 @@ from journal import JournalUnavailable, JournalWriteFailed, open_agent_store, op
 from .api import (
     HttpLimits,
     Listening,
+    OriginGuard,
+    OriginPolicy,
+    Playground,
     create_management_app,
     create_metrics_app,
     create_public_app,
     listen,
     serve_http,
 )
-from .api._playground import Playground
 from .calls import ConversationFactory, Runner, close_open_calls
 from .config import Config
 from .errors import RunnerError
 from .lifecycle import emit_lifecycle
+from .logs import say
 from .telemetry import Metrics
 from .transports import Transport
 from .transports.websocket import AgentSocketService, AgentSocketSetup, WebSocketTransport
-from .wire import LifecycleEnded, LifecycleReady, LifecycleRecovered, StartCallRequest
-from .worker import AgentWorker, WorkerSetup
+from .wire import (
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSIONS,
+    Health,
+    HealthState,
+    LifecycleEnded,
+    LifecycleReady,
+    LifecycleRecovered,
+    LiveKitState,
+    StartCallRequest,
+)
+from .worker import AgentWorker, WorkerRejected, WorkerSetup
 
 log = logging.getLogger("runner")
 
@@ -73,14 +87,23 @@ class StartupRefused(Exception):
     """The runner cannot start as configured; the message is one line for the operator."""
 
 
-def _listen(address: str, limits: HttpLimits) -> Listening:
-    """Bind and listen now, before the journal is touched: a taken port changes nothing."""
+def _listen(address: str, limits: HttpLimits, *, flag: str, named_by: str) -> Listening:
+    """Bind and listen now, before the journal is touched: a taken port changes nothing.
+
+    A taken port is refused with what to do: the flag that moves this listener, and port 0.
+    """
     try:
         return listen(
             address, limits, errorlog=logging.getLogger("hypercorn.error"), graceful_s=_SHUTDOWN_GRACE_S
         )
     except OSError as exc:
-        raise StartupRefused(f"cannot listen on {address}: {exc.strerror or exc}") from None
+        said = f"cannot listen on {address}: {exc.strerror or exc}"
+        if exc.errno == errno.EADDRINUSE:
+            said += (
+                f" (another process listens there: stop it, or give this runner another port with"
+                f" {flag} HOST:PORT; port 0 takes a free one, which {named_by} names)"
+            )
+        raise StartupRefused(said) from None
 
 
 def resolve_token(config: Config, environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
@@ -142,19 +165,45 @@ async def _watch_signals(
             name = signal.Signals(signum).name
             if runner.draining:
                 # A second signal: the operator wants out now.
-                print(f"runner: second {name}; exiting at once", file=sys.stderr)
+                say(f"second {name}; exiting at once")
                 sys.stdout.flush()
                 os._exit(128 + signum)
             if runner.calls:
                 # Calls may run on for the drain's grace: say so, and how to leave sooner.
                 count = len(runner.calls)
-                print(
-                    f"runner: {name}: draining; waiting up to {runner.config.drain_grace_ms / 1000:g} s "
-                    f"for {count} call{'s' if count != 1 else ''} to end ({name} again exits at once)",
-                    file=sys.stderr,
-                    flush=True,
+                say(
+                    f"{name}: draining; waiting up to {runner.config.drain_grace_ms / 1000:g} s "
+                    f"for {count} call{'s' if count != 1 else ''} to end ({name} again exits at once)"
                 )
             runner.drain_nowait("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+
+
+async def _serve_worker(worker: AgentWorker, *, task_status: trio.TaskStatus[None]) -> None:
+    """The worker's service; a server that refuses its credentials ends the runner in one line."""
+    try:
+        await worker.serve(task_status=task_status)
+    except WorkerRejected as exc:
+        raise StartupRefused(exc.detail or str(exc)) from None
+
+
+async def _registered_unless_drained(worker: AgentWorker, runner: Runner) -> bool:
+    """Wait until the worker first registered (True) or the runner is asked to drain (False)."""
+    registered = False
+    async with trio.open_nursery() as nursery:
+
+        async def wait_registered() -> None:
+            nonlocal registered
+            await worker.wait_registered()
+            registered = True
+            nursery.cancel_scope.cancel()
+
+        async def wait_draining() -> None:
+            await runner.wait_draining()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(wait_registered)
+        nursery.start_soon(wait_draining)
+    return registered
 
 
 async def serve_runner(
@@ -186,8 +235,8 @@ async def serve_runner(
             address is written to stderr as ``runner: public listener on HOST:PORT``
             before the ready line); ``None``: no public listener.
         worker: Take calls from LiveKit's agent dispatch (``runner start``): the worker
-            registers before the management listener binds, and a drain tells the server
-            to send no new jobs.
+            registers while the management listener already answers (``ready`` once it did),
+            and a drain tells the server to send no new jobs.
         task_status: Started with the bound address and the runner, once ready.
     """
     started_at = time.monotonic() if started_at is None else started_at
@@ -202,11 +251,16 @@ async def serve_runner(
         shutdown_s=_SHUTDOWN_GRACE_S,
     )
     with contextlib.ExitStack() as listeners:
-        management = _listen(config.address, limits)
+        management = _listen(config.address, limits, flag="--address", named_by="the ready line")
         listeners.callback(management.close)
         public: Listening | None = None
         if agent_socket is not None:
-            public = _listen(config.public_address, limits)
+            public = _listen(
+                config.public_address,
+                limits,
+                flag="--public-address",
+                named_by="the line 'runner: public listener on HOST:PORT'",
+            )
             listeners.callback(public.close)
         try:
             return await _serve_runner(
@@ -226,6 +280,14 @@ async def serve_runner(
             )
         except JournalUnavailable as exc:
             raise StartupRefused(str(exc)) from None
+
+
+def _origin_policy(config: Config, public: Listening) -> OriginPolicy:
+    """Which Host and Origin the public listener answers (runner/api/_origins.py)."""
+    if config.mode == "dev":
+        (sock,) = public.sockets.insecure_sockets
+        return OriginPolicy.for_dev(sock.getsockname()[0], config.allow_hosts, config.allow_origins)
+    return OriginPolicy.for_public(config.allow_hosts, config.allow_origins)
 
 
 async def _serve_runner(
@@ -283,6 +345,24 @@ async def _serve_runner(
         )
         closing = trio.Event()
         shutdown = trio.Event()
+        ready = False
+        # Made before the listener: its webhook route belongs to the worker (docs/failover.md).
+        agent_worker: AgentWorker | None = AgentWorker(runner, worker) if worker is not None else None
+
+        def health() -> Health:
+            # Answered in every state, from the moment the listener serves to its close.
+            state: HealthState = "draining" if runner.draining else "ready" if ready else "starting"
+            livekit: LiveKitState | None = None
+            if agent_worker is not None:
+                livekit = "registered" if agent_worker.registered else "connecting"
+            return Health(
+                ok=True,
+                protocol_version=PROTOCOL_VERSION,
+                versions=list(PROTOCOL_VERSIONS),
+                state=state,
+                livekit=livekit,
+            )
+
         app = create_management_app(
             runner,
             journal,
@@ -291,6 +371,8 @@ async def _serve_runner(
             closing=closing,
             keeps_journal=config.keep_journal,
             metrics=metrics,
+            health=health,
+            livekit_webhook=agent_worker.on_webhook if agent_worker is not None else None,
         )
         joined_ok = True
 
@@ -308,10 +390,10 @@ async def _serve_runner(
 
         async with trio.open_nursery() as nursery:
             await nursery.start(runner.serve)
-            if worker is not None:
-                # Registered before the listener binds: /health answering means the worker is
-                # in LiveKit's pool (a readiness probe relies on it).
-                await nursery.start(AgentWorker(runner, worker).serve)
+            if agent_worker is not None:
+                # Started at once: while the LiveKit server cannot be reached, the worker retries
+                # and the runner answers /health (its state says so) and drains on a signal.
+                await nursery.start(_serve_worker, agent_worker)
             http_done = trio.Event()
 
             async def serve(
@@ -336,12 +418,14 @@ async def _serve_runner(
                     if config.mode == "dev"
                     else None
                 )
-                public_address = await nursery.start(
-                    serve, create_public_app(sockets, playground=playground), public, public_done
+                public_app = OriginGuard(
+                    create_public_app(sockets, playground=playground), _origin_policy(config, public)
                 )
-                print(PUBLIC_LINE + public_address, file=sys.stderr, flush=True)
+                public_address = await nursery.start(serve, public_app, public, public_done)
+                say(PUBLIC_LINE.removeprefix("runner: ") + public_address, address=public_address)
                 if config.mode == "dev":
-                    print(PLAYGROUND_LINE + "http://" + public_address + "/", file=sys.stderr, flush=True)
+                    playground_url = "http://" + public_address + "/"
+                    say(PLAYGROUND_LINE.removeprefix("runner: ") + playground_url, url=playground_url)
             signal_scope = trio.CancelScope()
             if handle_signals:
                 # Before the ready line: a signal right after it is a drain, never a traceback.
@@ -363,15 +447,21 @@ async def _serve_runner(
                     metrics_done.set()
 
                 metrics_binds = await nursery.start(serve_metrics)
-                print(METRICS_LINE + metrics_binds[0].split("://", 1)[-1], file=sys.stderr, flush=True)
-            warmup_ms = int((time.monotonic() - started_at) * 1000)
-            try:
-                await emit_lifecycle(
-                    journal,
-                    LifecycleReady(address=address, max_sessions=config.max_sessions, warmup_ms=warmup_ms),
-                )
-            except JournalWriteFailed as exc:
-                raise StartupRefused(f"journal {journal.path} cannot write: {exc}") from None
+                metrics_at = metrics_binds[0].split("://", 1)[-1]
+                say(METRICS_LINE.removeprefix("runner: ") + metrics_at, address=metrics_at)
+            # A worker is ready once it is in LiveKit's pool; a drain before that skips `ready`.
+            if agent_worker is None or await _registered_unless_drained(agent_worker, runner):
+                warmup_ms = int((time.monotonic() - started_at) * 1000)
+                try:
+                    await emit_lifecycle(
+                        journal,
+                        LifecycleReady(
+                            address=address, max_sessions=config.max_sessions, warmup_ms=warmup_ms
+                        ),
+                    )
+                except JournalWriteFailed as exc:
+                    raise StartupRefused(f"journal {journal.path} cannot write: {exc}") from None
+                ready = True
             task_status.started((address, runner))
             if join is not None:
                 nursery.start_soon(run_joined_call)

@@ -68,7 +68,19 @@ class Disconnected:
     reason: str
 
 
-TransportEvent = ParticipantJoined | ParticipantLeft | AudioFrame | UserText | Disconnected
+@attrs.frozen(kw_only=True)
+class DtmfReceived:
+    """A key the caller pressed on a phone (an RFC 4733 telephone event): ``0``-``9``, ``*``,
+    ``#`` or ``A``-``D``. ``identity`` is the participant who pressed it."""
+
+    identity: str
+    digit: str
+
+
+TransportEvent = ParticipantJoined | ParticipantLeft | AudioFrame | UserText | DtmfReceived | Disconnected
+
+# The keys of a telephone keypad as RFC 4733 numbers them (event codes 0-15).
+DTMF_DIGITS = "0123456789*#ABCD"
 
 # A client request (RPC): method and raw payload in, the raw answer out. A refusal
 # raises ClientRefusal, whose message is the code.
@@ -85,9 +97,15 @@ class ClientRefusal(Exception):
 
 
 class TransportSession(Protocol):
-    """One call's connection to its caller."""
+    """One call's connection to its caller: it turns frames into audio and events, and back.
+
+    ``delimits_turns``: the caller's side says where each of its turns starts and ends (the
+    agent WebSocket's ``user_audio.start``/``end``), so the call detects no turns of its own
+    and opens with no greeting until the caller's side asks for one.
+    """
 
     kind: str
+    delimits_turns: bool
 
     @property
     def events(self) -> trio.MemoryReceiveChannel[TransportEvent]: ...
@@ -110,6 +128,21 @@ class TransportSession(Protocol):
 
     async def clear_audio(self) -> None:
         """Stop whatever agent speech is still queued (a barge-in)."""
+        ...
+
+    def ringing(self) -> trio.Event | None:
+        """``None`` when the caller can hear the agent now; while a phone caller still rings
+        (LiveKit's SIP service answers the phone once the agent listens to it), an event set
+        once the phone is answered or gone. The opening line waits for it."""
+        ...
+
+    async def send_dtmf(self, digits: str) -> None:
+        """Press ``digits`` (each one of :data:`DTMF_DIGITS`) on the call's phone line, in order.
+
+        Raises:
+            TransportError: The call has no phone line (no SIP participant), or the keys
+                could not be sent.
+        """
         ...
 
 

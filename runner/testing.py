@@ -17,12 +17,20 @@ runtime), with its own model or a scripted one, and each turn hands back what it
         async with open_agent_test(agent, model=model) as test:
             (await test.say("Oslo?")).called("weather", city="Oslo").said("Snow")
 
-Tests are Trio tests (``pytest-trio``). Nothing here is mocked but the model you script.
+    async def test_a_spoken_turn() -> None:  # the agent needs ears: stt=STT(provider="whisper")
+        async with open_agent_test(agent) as test:
+            turn = await test.speak("What is the weather in Lisbon?")  # or say_audio("ask.wav")
+            turn.heard("weather", "Lisbon").called("weather", city="Lisbon")
+
+Tests are Trio tests: install the ``testing`` extra (pytest and pytest-trio); the package's
+pytest plugin runs a module's ``async def`` tests on Trio once it uses ``runner.testing``.
+Nothing here is mocked but the model you script.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -34,17 +42,23 @@ import trio
 
 from journal import open_journal
 
-from .agent import Agent
-from .agent._runtime import AgentRuntime, choose_experiments, without_voice
+from .agent import TTS, Agent, AgentRuntime, build_tts, choose_experiments, without_voice
 from .calls import CallContext, CallRecord
-from .providers import ChatMessage, ToolCall, ToolSpec
-from .providers._types import LLMEvent, TextDelta, Usage
+from .providers import ChatMessage, LLMEvent, TextDelta, ToolCall, ToolSpec, Usage
+from .pytest_plugin import only_exception
 from .transports.loopback import LoopbackCaller, LoopbackSession
-from .voice.engine import ToolRecord, TurnResult
+from .voice.audio import frames, read_wav
+from .voice.events import ToolRecord, TurnResult
 
 __all__ = ["AgentTest", "ScriptedModel", "TurnCheck", "call", "open_agent_test"]
 
 _ids = itertools.count(1)
+#: A spoken turn reaches the agent as a microphone's would: 20 ms frames.
+_FRAME_MS = 20
+#: Quiet before the speech (the detector hears an onset) and after the turn's own end of
+#: turn silence (so the turn surely ends within the audio).
+_LEAD_MS = 300
+_TAIL_MS = 1_000
 
 
 def call(name: str, /, **arguments: Any) -> ToolCall:
@@ -98,6 +112,20 @@ class TurnCheck:
     def text(self) -> str:
         """The whole reply, as the caller heard or read it."""
         return self.result.text
+
+    @property
+    def transcript(self) -> str | None:
+        """What the agent heard in a spoken turn (its recognizer's words); ``None`` when typed."""
+        return self.result.heard
+
+    def heard(self, *fragments: str) -> TurnCheck:
+        """The turn was spoken and the agent heard each fragment (ignoring case)."""
+        if self.result.heard is None:
+            raise AssertionError("the turn was typed, not spoken: nothing was heard")
+        for fragment in fragments:
+            if fragment.lower() not in self.result.heard.lower():
+                raise AssertionError(f"the agent did not hear {fragment!r}: it heard {self.result.heard!r}")
+        return self
 
     @property
     def tool_calls(self) -> tuple[ToolRecord, ...]:
@@ -157,17 +185,98 @@ class AgentTest:
     timeout_s: float
     greeting: TurnCheck | None = None
     to_client: list[tuple[str, Any]] = attrs.Factory(list)
+    #: Every turn the call finished, in order.
+    finished: list[TurnResult] = attrs.Factory(list)
 
     async def say(self, text: str) -> TurnCheck:
         """Take a turn with the person's words; return it once the reply ended."""
         with trio.fail_after(self.timeout_s):
             result = await self.runtime.take_turn(text)
             # Messages the turn queued leave in order, after it.
-            await self.runtime.wait_sent()
+            await self.runtime.messages.wait_sent()
         self._collect()
         if result is None:
             raise AssertionError("the call takes no more turns")
         return TurnCheck(result)
+
+    async def say_audio(self, audio: str | os.PathLike[str] | bytes, *, sample_rate_hz: int = 0) -> TurnCheck:
+        """Take a turn with the person's voice; return it once the reply ended.
+
+        The audio reaches the call as a caller's microphone would (20 ms frames into the call's
+        transport, with a little quiet before it and the end-of-turn quiet after it), and goes
+        the way of every call's audio: the agent's voice activity detection, its recognizer,
+        then the turn. Check what it heard with :meth:`TurnCheck.heard`.
+
+        Args:
+            audio: A 16-bit PCM WAV file (any rate, channels mixed down), or 16-bit mono PCM.
+            sample_rate_hz: The rate of ``audio`` given as PCM.
+
+        Raises:
+            AssertionError: The audio gave no turn (no speech detected, or no words in it), or
+                more than one.
+            ValueError: The agent has no recognizer (``stt``), or the audio is not 16-bit PCM.
+        """
+        if isinstance(audio, bytes):
+            if sample_rate_hz <= 0:
+                raise ValueError("audio given as PCM needs its sample_rate_hz")
+            pcm, rate = audio, sample_rate_hz
+        else:
+            pcm, rate = read_wav(audio)
+        return await self._hear(pcm, rate)
+
+    async def speak(self, text: str, *, voice: TTS | None = None) -> TurnCheck:
+        """Take a turn with ``text`` spoken: rendered by a voice (the embedded ``hibari`` by
+        default), then heard as :meth:`say_audio` hears a recording."""
+        tts = build_tts(voice or TTS(provider="hibari"))
+        with trio.fail_after(self.timeout_s):
+            pcm = b"".join([piece async for piece in tts.synthesize(text)])
+        return await self._hear(pcm, tts.sample_rate_hz)
+
+    async def press(self, digits: str) -> list[TurnCheck]:
+        """Press keys on the caller's phone (DTMF), as a phone caller would: each reaches the
+        agent's ``@agent.on_dtmf`` handlers in turn. Returns the turns they made it take (what
+        the handlers returned, said as written), once they ended; ``[]`` when none spoke."""
+        seen = len(self.finished)
+        self.caller.press(digits)
+        with trio.fail_after(self.timeout_s):
+            while self.caller.unread:  # noqa: ASYNC110 - nothing to wait on; bounded by fail_after
+                await trio.sleep(0.005)
+            await self.runtime.wait_idle()
+            await self.runtime.messages.wait_sent()
+        self._collect()
+        return [TurnCheck(turn) for turn in self.finished[seen:]]
+
+    async def _hear(self, pcm: bytes, rate: int) -> TurnCheck:
+        if self.runtime.current()[2] is None:
+            raise ValueError(
+                f'agent {self.runtime.agent.name!r} has no ears: give it a recognizer (stt=STT(provider="whisper")) '
+                "to test a spoken turn"
+            )
+        turn = self.runtime.agent.turn_taking
+        longest = turn.max_silence_ms if turn.detection == "smart_turn" else turn.silence_ms
+        quiet_ms = _LEAD_MS, longest + _TAIL_MS
+        lead, tail = (bytes(int(rate * ms / 1000) * 2) for ms in quiet_ms)
+        seen = len(self.finished)
+        with trio.fail_after(self.timeout_s):
+            for frame in frames(lead + pcm + tail, rate, _FRAME_MS):
+                self.caller.send_audio(frame, rate)
+                await trio.lowlevel.checkpoint()
+            # Every frame taken (the turn, if any, has ended within them and is queued), then
+            # the turn and what it sends. A channel tells nobody when it drains: polled.
+            while self.caller.unread:  # noqa: ASYNC110 - nothing to wait on; bounded by fail_after
+                await trio.sleep(0.005)
+            await self.runtime.wait_idle()
+            await self.runtime.messages.wait_sent()
+        self._collect()
+        turns = self.finished[seen:]
+        if len(turns) != 1:
+            heard = [t.heard for t in turns]
+            raise AssertionError(
+                "the audio gave no turn: no speech was detected in it, or no words were heard"
+                if not turns
+                else f"the audio gave {len(turns)} turns, not one: {heard}"
+            )
+        return TurnCheck(turns[0])
 
     async def message(
         self, key: str, payload: Any = None, *, sender: Literal["client", "host"] = "client"
@@ -179,8 +288,8 @@ class AgentTest:
                 ``HandlerFailed``).
         """
         with trio.fail_after(self.timeout_s):
-            reply = await self.runtime.deliver(sender, key, payload)
-            await self.runtime.wait_sent()
+            reply = await self.runtime.messages.deliver(sender, key, payload)
+            await self.runtime.messages.wait_sent()
         self._collect()
         return reply
 
@@ -231,14 +340,7 @@ async def open_agent_test(
     except BaseExceptionGroup as group:
         # The call's nurseries wrap what the test's own block raised: a failed check reads
         # as itself, not as a group of one. A group of several stays a group.
-        raise _only(group) from None
-
-
-def _only(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
+        raise only_exception(group) from None
 
 
 @asynccontextmanager
@@ -262,15 +364,9 @@ async def _open_call(
     )
     with tempfile.TemporaryDirectory(prefix="agent-test-") as directory:
         async with open_journal(Path(directory) / "journal.db") as journal:
-            runtime = AgentRuntime(agent, call_context, CallRecord(journal, session_id), host_connected=True)
-            runtime.model = model
-            finished: list[TurnResult] = []
-
-            async def keep(event: Any) -> None:
-                if hasattr(event, "result") and isinstance(event.result, TurnResult):
-                    finished.append(event.result)
-
-            runtime.add_listener(keep)
+            runtime = AgentRuntime(
+                agent, call_context, CallRecord(journal, session_id), host_connected=True, model=model
+            )
             session = LoopbackSession("app")
             test = AgentTest(
                 runtime=runtime,
@@ -279,13 +375,20 @@ async def _open_call(
                 session_id=session_id,
                 timeout_s=timeout_s,
             )
+            finished = test.finished
+
+            async def keep(event: Any) -> None:
+                if hasattr(event, "result") and isinstance(event.result, TurnResult):
+                    finished.append(event.result)
+
+            runtime.add_listener(keep)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(runtime.run, session, session.events)
                 nursery.start_soon(_drain_audio, test.caller)
                 with trio.fail_after(timeout_s):
                     await runtime.ready.wait()
                     await runtime.wait_idle()  # the greeting, if any
-                    await runtime.wait_sent()
+                    await runtime.messages.wait_sent()
                 test.greeting = TurnCheck(finished[0]) if finished else None
                 test._collect()
                 try:

@@ -295,3 +295,38 @@ def _deep(ctx: Context, payload: dict[str, Any]) -> Any:
     for _ in range(int(payload.get("depth", 1)) - 1):
         reply = [reply]
     return reply
+
+
+def _back(ctx: Context) -> str:
+    said = [turn.text for turn in ctx.call.history if turn.role == "user"]
+    return f"Sorry, the line dropped. You were saying: {said[-1]}" if said else "Sorry, the line dropped."
+
+
+# Picks up a moved call by quoting the caller's last words from the history it came with.
+resumer = Agent("resumer", instructions="You answer briefly.", greeting="Hello there.", resume_line=_back)
+
+
+# -- Phone keys (tests/test_dtmf.py, tests/livekit/test_sip.py) ------------------------------
+
+# Takes a PIN from the caller's keys (# ends it) and says whether it is right; presses the
+# keys a host message names (navigating a menu on the other end of an outbound call).
+keypad = Agent(
+    "keypad",
+    instructions="You take PINs.",
+    greeting="Enter your PIN, then press the hash key.",
+    state=lambda: {"pin": ""},
+)
+
+
+@keypad.on_dtmf
+def _pin(ctx: Context, digit: str) -> str | None:
+    if digit != "#":
+        ctx.state["pin"] += digit
+        return None
+    pin, ctx.state["pin"] = ctx.state["pin"], ""
+    return "That PIN is right." if pin == "1234" else f"{len(pin)} keys is not your PIN."
+
+
+@keypad.on_message("press", sender="host")
+def _press(ctx: Context, payload: dict[str, Any]) -> None:
+    ctx.send.dtmf(str(payload["digits"]))

@@ -19,12 +19,12 @@ import httpx
 import trio
 from jsonschema import Draft202012Validator
 
-from runner.agent import Agent
-from runner.agent._runtime import choose_experiments, conversation_factory
+from runner.agent import Agent, choose_experiments, conversation_factory
 from runner.calls import Runner
 from runner.config import Config
 from runner.runtime import serve_runner
-from runner.transports.loopback import LoopbackCaller, LoopbackTransport
+from runner.transports import CallTarget
+from runner.transports.loopback import LoopbackCaller, LoopbackSession, LoopbackTransport
 
 from .runner_process import TOKEN, open_events
 from .test_protocol_schema import _validator
@@ -55,12 +55,37 @@ class InProcessRunner:
             return await self.transport.wait_caller(session_id)
 
 
+class HeldLoopback(LoopbackTransport):
+    """The loopback transport, whose calls stay in their join until the test lets them connect.
+
+    A call is ``starting`` for exactly as long as the test needs it to be, whatever the
+    machine's load; ``joining`` is set once a call is in its join.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.joining = trio.Event()
+        self.release = trio.Event()
+
+    @asynccontextmanager
+    async def open_session(self, target: CallTarget) -> AsyncIterator[LoopbackSession]:
+        self.joining.set()
+        await self.release.wait()
+        async with super().open_session(target) as session:
+            yield session
+
+
 @asynccontextmanager
 async def open_runner(
-    agent: Agent, directory: Path, *, max_sessions: int = 4, heartbeat_ms: int = 15_000
+    agent: Agent,
+    directory: Path,
+    *,
+    max_sessions: int = 4,
+    heartbeat_ms: int = 15_000,
+    transport: LoopbackTransport | None = None,
 ) -> AsyncIterator[InProcessRunner]:
     """Serve ``agent`` in this process; on exit drain it (calls stopped at once) and wait for its end."""
-    transport = LoopbackTransport()
+    transport = transport or LoopbackTransport()
     config = Config(
         address="127.0.0.1:0",
         journal_path=directory / "journal.db",

@@ -818,7 +818,7 @@ async def test_smoke_self_host(tmp_path: Path) -> None:
 
         async with runner.client(token=None) as anonymous:
             health = answer(await anonymous.get("/health"), 200, "Health")
-            assert health == {"ok": True, "protocolVersion": 1, "versions": [1]}
+            assert health == {"ok": True, "protocolVersion": 1, "versions": [1], "state": "ready"}
             for method, path in [
                 ("GET", "/v1/runner"),
                 ("POST", "/v1/sessions"),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from runner.config import ENVIRONMENT
@@ -77,7 +79,7 @@ async def test_check_warms_up_and_exits_without_serving(tmp_path: Path) -> None:
 async def test_a_bad_variable_is_named_with_its_value(tmp_path: Path) -> None:
     cases = {
         "CURB_MAX_SESSIONS": ("abc", "CURB_MAX_SESSIONS must be an integer, got 'abc'"),
-        "CURB_RETENTION": ("0", "CURB_RETENTION must be at least 1, got 0"),
+        "CURB_RETENTION": ("0", "CURB_RETENTION must be from 1 to 1,000,000,000, got 0"),
         "CURB_CREDIT_POOL": ("lots", "CURB_CREDIT_POOL must be a number, got 'lots'"),
         "CURB_ADDRESS": ("localhost", "CURB_ADDRESS: expected HOST:PORT, got 'localhost'"),
         "CURB_METRICS_ADDRESS": ("nowhere", "CURB_METRICS_ADDRESS: expected HOST:PORT, got 'nowhere'"),
@@ -90,7 +92,58 @@ async def test_a_bad_variable_is_named_with_its_value(tmp_path: Path) -> None:
         assert done.stderr.strip() == f"runner: {said}", name
     # A flag is named by its flag.
     done = await run("serve", "tests.agents:quiet", "--max-sessions", "0", cwd=tmp_path)
-    assert done.stderr.strip() == "runner: --max-sessions must be at least 1, got 0"
+    assert done.stderr.strip() == "runner: --max-sessions must be from 1 to 10,000, got 0"
+
+
+def _numeric_flags() -> list[tuple[str, str, str]]:
+    """(command, flag, dest) for every numeric setting a serving command takes."""
+    from runner.cli import _parser
+
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    found = []
+    for command in ("serve", "join", "start", "dev"):
+        for action in commands[command]._actions:
+            flag = action.option_strings[0] if action.option_strings else ""
+            if flag.endswith(("-ms", "-s", "-seconds", "-bytes", "-connections", "-minute")) or flag in (
+                "--retention",
+                "--max-sessions",
+                "--credit-pool",
+                "--configuration-version",
+            ):
+                found.append((command, flag, action.dest))
+    return found
+
+
+def test_every_numeric_flag_has_a_range_checked_at_start() -> None:
+    from runner.cli import _config, _parser
+
+    flags = _numeric_flags()
+    assert len({flag for _, flag, _ in flags}) == 14, flags
+    mode = {"serve": "managed", "join": "direct-join", "start": "worker", "dev": "dev"}
+    for command, flag, _ in flags:
+        extra = ["--url", "ws://127.0.0.1:9", "--token", "t"] if command == "join" else []
+        for value in ("-1", "100000000000000000000", "nan", "inf", "1e20", "12abc"):
+            args = _parser().parse_args([command, flag, value, *extra])
+            with pytest.raises(ValueError) as refused:
+                _config(args, mode[command])
+            said = rf"{flag} must be (an integer|a number|from \S+ to \S+), got \S+"
+            assert re.fullmatch(said, str(refused.value)), (command, flag, value, refused.value)
+
+
+async def test_a_value_out_of_range_stops_the_runner_with_one_line_naming_it(tmp_path: Path) -> None:
+    # The three the hostile probe found passing start-up, and two variables.
+    cases = [
+        (("--retention", "1e20"), {}, "--retention must be an integer, got '1e20'"),
+        (("--heartbeat-ms", "0"), {}, "--heartbeat-ms must be from 100 to 3,600,000, got 0"),
+        (("--drain-grace-ms", "-1"), {}, "--drain-grace-ms must be from 0 to 86,400,000, got -1"),
+        ((), {"CURB_HEARTBEAT_MS": "0"}, "CURB_HEARTBEAT_MS must be from 100 to 3,600,000, got 0"),
+        ((), {"CURB_CREDIT_POOL": "inf"}, "CURB_CREDIT_POOL must be from 0 to 1,000,000,000,000, got inf"),
+    ]
+    for flags, env, said in cases:
+        done = await run("serve", "tests.agents:quiet", *flags, env=env, cwd=tmp_path)
+        assert done.returncode == 2, (flags, env, done.stderr)
+        assert done.stderr == f"runner: {said}\n"
+    assert not os.listdir(tmp_path)
 
 
 def _variables_read_by_the_runner() -> set[str]:

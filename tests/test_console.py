@@ -49,7 +49,7 @@ async def test_text_console_prints_the_reply_and_exits_0_at_end_of_input(tmp_pat
     assert len(lines) == 2, out
     assert "Welcome to Hotel Lumen" in lines[0] or "welcome to Hotel Lumen" in lines[0]
     assert "[weather(city='lisbon')]" in lines[1]
-    assert "Here is what I found: In lisbon it is sunny and 24 degrees." in lines[1]
+    assert "In lisbon it is sunny and 24 degrees." in lines[1]
     assert "ms" in lines[1]  # the timings
     assert "\x1b[" not in out  # not a terminal: no escape codes
     # Text only: nothing is spoken, so no WAV file appears.

@@ -17,7 +17,8 @@ from quart import websocket
 from quart_trio import QuartTrio
 from trio_websocket import open_websocket_url
 
-from runner.api._server import HttpLimits, corked, listen, serve_http
+from runner.api import HttpLimits, listen, serve_http
+from runner.api._server import corked
 
 FRAMES = 20
 # struct tcp_info: tcpi_data_segs_in is the u32 at byte 152 (Linux 4.6 and later).

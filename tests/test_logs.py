@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import trio
 
-from .runner_process import read_stream, start_runner
+from .runner_process import RunnerProcess, read_stream, start_runner
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ async def _failed_call(tmp_path: Path, *flags: str) -> tuple[list[str], Path]:
 
 async def test_json_lines_carry_time_level_logger_and_the_session_id(tmp_path: Path) -> None:
     stderr, _ = await _failed_call(tmp_path, "--log-format", "json")
-    logged = [json.loads(line) for line in stderr if not line.startswith(PUBLIC_LINE)]
+    logged = [json.loads(line) for line in stderr]
     assert logged, stderr
     for line in logged:
         assert {"timestamp", "level", "logger", "message"} <= line.keys(), line
@@ -122,3 +123,50 @@ async def test_debug_shows_routine_events(tmp_path: Path) -> None:
         await read_stream(runner, "from=0", until=lambda ls: len(ls) >= 1)
         await runner.wait_for(lambda: any("events stream from 0 closed" in line for line in runner.stderr))
     assert any(" DEBUG   runner.events: events stream from 0 closed" in line for line in runner.stderr)
+
+
+FORGED = "\n2026-01-01T00:00:00.000Z ERROR   runner: forged"
+
+
+async def _forging_attempts(runner: RunnerProcess) -> None:
+    """A join failure whose reason comes from the URL, and a DELETE reason, each with a line break."""
+    async with runner.client() as client:
+        url = "loopback://x?fail=" + quote("gone" + FORGED + "-by-url\x1b[2J")
+        refused = await client.post("/v1/sessions", json={**_start("call-url"), "realtimeUrl": url})
+        assert refused.status_code == 502, refused.text
+        assert (await client.post("/v1/sessions", json=_start("call-reason"))).status_code == 202
+        stopped = await client.delete(
+            "/v1/sessions/call-reason", params={"reason": "done" + FORGED + "-by-reason\u2028x"}
+        )
+        assert stopped.status_code in (200, 202, 204), stopped.text
+        await client.post("/v1/runner/drain")
+    assert await runner.wait_exit() == 0
+
+
+async def test_outside_text_cannot_forge_a_text_line(tmp_path: Path) -> None:
+    async with start_runner(tmp_path / "j.db") as runner:
+        await _forging_attempts(runner)
+    record = re.compile(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) +[\w.]+( \[[^\]]+\])?: "
+    )
+    for line in runner.stderr:
+        # Every line is a record or one of the runner's own `runner: ` lines; none was forged.
+        assert record.match(line) or line.startswith("runner: "), line
+        assert "forged" not in line or "\\n2026-01-01" in line, line
+        assert "\x1b" not in line and "\u2028" not in line, line
+    said = "\n".join(runner.stderr)
+    assert "\\n2026-01-01T00:00:00.000Z ERROR   runner: forged-by-url\\x1b[2J" in said
+    assert "\\n2026-01-01T00:00:00.000Z ERROR   runner: forged-by-reason\\u2028x" in said
+
+
+async def test_json_mode_writes_nothing_but_json_lines(tmp_path: Path) -> None:
+    async with start_runner(tmp_path / "j.db", "--log-format", "json") as runner:
+        await _forging_attempts(runner)
+    logged = [json.loads(line) for line in runner.stderr]
+    # The operator's lines are records too, the address in a field of its own.
+    (listening,) = [line for line in logged if line["message"].startswith("public listener on ")]
+    assert (listening["logger"], listening["level"]) == ("runner", "info")
+    assert listening["message"] == "public listener on " + listening["address"]
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", listening["address"]), listening
+    messages = "\n".join(line["message"] for line in logged)
+    assert "forged-by-url" in messages and "forged-by-reason" in messages

@@ -27,7 +27,7 @@ async def test_ready_line_health_and_auth(tmp_path: Path) -> None:
             health = await anonymous.get("/health")
             assert (health.status_code, health.json()) == (
                 200,
-                {"ok": True, "protocolVersion": 1, "versions": [1]},
+                {"ok": True, "protocolVersion": 1, "versions": [1], "state": "ready"},
             )
             for method, path in [
                 ("GET", "/v1/runner"),

@@ -39,7 +39,8 @@ from .inprocess import (
     refused,
     turns,
 )
-from .runner_process import RunnerProcess, start_runner
+from .runner_process import RunnerProcess, read_stream, start_runner
+from .runner_process import records as stream_records
 
 MESSENGER = "tests.agents:messenger"
 KEEP_BYTES = 4096
@@ -80,7 +81,13 @@ def delivered(response: httpx.Response, id_: str, was_delivered: bool = True) ->
 
 
 def messages_of(records: list[dict[str, Any]], producer: str) -> list[dict[str, Any]]:
-    return events_named(records, producer, "curb.message")
+    """The outcome of each message (``held`` records, written as a starting call takes one, aside)."""
+    return [m for m in events_named(records, producer, "curb.message") if m["outcome"] != "held"]
+
+
+def held_of(records: list[dict[str, Any]], producer: str) -> list[str]:
+    """The ids of the messages a starting call took and held, in order."""
+    return [m["id"] for m in events_named(records, producer, "curb.message") if m["outcome"] == "held"]
 
 
 def summary_of(records: list[dict[str, Any]], producer: str) -> dict[str, Any]:
@@ -252,7 +259,7 @@ async def test_33_messages_to_a_starting_call(tmp_path: Path) -> None:
 
             async def start_slow_call() -> None:
                 placed.append(
-                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1500"))
+                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=6000"))
                 )
 
             nursery.start_soon(start_slow_call)
@@ -282,7 +289,14 @@ async def test_33_messages_to_a_starting_call(tmp_path: Path) -> None:
     outcomes = [(m["id"], m["outcome"]) for m in messages_of(records, "slow")]
     assert outcomes == [(f"m-{i}", "no_handler" if i == 7 else "delivered") for i in range(1, 34)]
     assert [m["payload"] for m in messages_of(records, "slow")] == [{"i": i} for i in range(1, 34)]
-    assert summary_of(records, "slow") == {"undeliveredToClient": {}, "refusedQueuedHostMessages": 1}
+    # Each held one was journaled as it was taken, before its 202 and before any delivery.
+    names = [(m["id"], m["outcome"]) for m in events_named(records, "slow", "curb.message")]
+    assert names[:32] == [(f"m-{i}", "held") for i in range(1, 33)]
+    assert summary_of(records, "slow") == {
+        "undeliveredToClient": {},
+        "refusedQueuedHostMessages": 1,
+        "undeliveredQueuedHostMessages": 0,
+    }
     warnings = [line for line in runner.stderr if "m-7" in line and "no_handler" in line]
     assert len(warnings) == 1, runner.stderr[-20:]
 
@@ -295,7 +309,7 @@ async def test_once_connected_a_message_is_not_refused_for_capacity(tmp_path: Pa
 
             async def start_slow_call() -> None:
                 placed.append(
-                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1000"))
+                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=6000"))
                 )
 
             nursery.start_soon(start_slow_call)
@@ -322,7 +336,7 @@ async def test_a_call_stopped_while_its_held_messages_are_delivered_counts_them_
 
             async def start_slow_call() -> None:
                 placed.append(
-                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1000"))
+                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=6000"))
                 )
 
             nursery.start_soon(start_slow_call)
@@ -340,8 +354,118 @@ async def test_a_call_stopped_while_its_held_messages_are_delivered_counts_them_
     # The summary is the agent's last word: no message is delivered after it, and it counts
     # every held message the record shows refused.
     assert names[-2:] == ["curb.messages", "curb.ended"], names
-    refused_held = [m for m in messages_of(records, "slow") if m["outcome"] != "delivered"]
-    assert summary_of(records, "slow")["refusedQueuedHostMessages"] == len(refused_held)
+    # Every held message has one outcome: delivered, refused (counted), or undelivered (counted).
+    outcomes = {m["id"]: m["outcome"] for m in messages_of(records, "slow")}
+    assert sorted(outcomes) == sorted(held_of(records, "slow")) == sorted(f"m-{i}" for i in range(1, 33))
+    assert len(messages_of(records, "slow")) == 32
+    summary = summary_of(records, "slow")
+    undelivered = [m for m in messages_of(records, "slow") if m["outcome"] == "undelivered"]
+    refused_held = [
+        m for m in messages_of(records, "slow") if m["outcome"] not in ("delivered", "undelivered")
+    ]
+    assert summary["refusedQueuedHostMessages"] == len(refused_held)
+    assert summary["undeliveredQueuedHostMessages"] == len(undelivered)
+    assert all(m["reason"] == "stopped_by_host" for m in undelivered), undelivered
+
+
+async def _held_while_starting(
+    client: httpx.AsyncClient, url: str, ids: list[str], then: Any
+) -> httpx.Response:
+    """Place a slow call at ``url``, send it ``ids`` while it starts (each answered 202), then ``then()``."""
+    placed: list[httpx.Response] = []
+    async with trio.open_nursery() as nursery:
+
+        async def start_slow_call() -> None:
+            placed.append(await client.post("/v1/sessions", json=call_start("slow", url)))
+
+        nursery.start_soon(start_slow_call)
+        with trio.fail_after(5):
+            while (await client.get("/v1/sessions/slow")).status_code != 200:
+                await trio.sleep(0.01)
+        for id_ in ids:
+            delivered(await send(client, "slow", message(id_, "note")), id_)
+        assert answer(await client.get("/v1/sessions/slow"), 200, "LiveCall")["state"] == "starting"
+        await then()
+    return placed[0]
+
+
+@pytest.mark.slow
+async def test_messages_held_by_a_call_stopped_before_it_connected_are_recorded_undelivered(
+    tmp_path: Path,
+) -> None:
+    async with messenger(tmp_path) as (runner, client), follow(runner) as follower:
+
+        async def stop_it() -> None:
+            await stop(client, "slow")
+
+        await _held_while_starting(client, "loopback://x?connect_ms=1500", ["m-1", "m-2", "m-3"], stop_it)
+        records = await wait_ended(follower, "slow")
+    # Each 202 has its record, and the record says what became of the message.
+    assert held_of(records, "slow") == ["m-1", "m-2", "m-3"]
+    assert [(m["id"], m["outcome"], m["reason"]) for m in messages_of(records, "slow")] == [
+        (f"m-{i}", "undelivered", "stopped_by_host") for i in range(1, 4)
+    ]
+    assert summary_of(records, "slow")["undeliveredQueuedHostMessages"] == 3
+    assert_closed_last(records, "slow")
+
+
+@pytest.mark.slow
+async def test_messages_held_by_a_call_whose_join_fails_are_recorded_undelivered(tmp_path: Path) -> None:
+    async with messenger(tmp_path) as (runner, client), follow(runner) as follower:
+
+        async def nothing() -> None:
+            pass
+
+        placed = await _held_while_starting(
+            client, "loopback://x?connect_ms=1000&fail=busy", ["m-1", "m-2"], nothing
+        )
+        refused(placed, 502, "start_failed")
+        records = await wait_ended(follower, "slow")
+    reason = "start_failed: loopback join refused: busy"
+    assert held_of(records, "slow") == ["m-1", "m-2"]
+    assert [(m["id"], m["outcome"], m["reason"]) for m in messages_of(records, "slow")] == [
+        ("m-1", "undelivered", reason),
+        ("m-2", "undelivered", reason),
+    ]
+    assert summary_of(records, "slow") == {
+        "undeliveredToClient": {},
+        "refusedQueuedHostMessages": 0,
+        "undeliveredQueuedHostMessages": 2,
+    }
+    assert events_named(records, "slow", "curb.ended") == [{"reason": reason}]
+
+
+@pytest.mark.slow
+async def test_a_message_held_when_the_runner_is_killed_is_in_the_record(tmp_path: Path) -> None:
+    journal = tmp_path / "j.db"
+    async with start_runner(journal, agent=MESSENGER) as runner, runner.client() as client:
+
+        async def start_slow_call() -> None:
+            with pytest.raises(httpx.TransportError):  # the runner is killed while it starts
+                await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=5000"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start_slow_call)
+            with trio.fail_after(5):
+                while (await client.get("/v1/sessions/slow")).status_code != 200:
+                    await trio.sleep(0.01)
+            delivered(await send(client, "slow", message("m-1", "note")), "m-1")
+            runner.kill()
+            await runner.wait_exit()
+    async with start_runner(journal, agent=MESSENGER) as again:
+        lines = stream_records(
+            await read_stream(
+                again, "from=0", until=lambda ls: [r["body"].get("event") for r in ls].count("ready") == 2
+            )
+        )
+    # Answered 202, so journaled: the restart shows it held, then undelivered as the crash closed the call.
+    assert held_of(lines, "slow") == ["m-1"]
+    assert [(m["id"], m["outcome"], m["reason"]) for m in messages_of(lines, "slow")] == [
+        ("m-1", "undelivered", "runner_crashed")
+    ]
+    names = [r["body"].get("name") for r in lines if r["producer"] == "slow"]
+    assert names == ["curb.started", "curb.message", "curb.message", "curb.ended"], names
+    assert events_named(lines, "slow", "curb.ended") == [{"reason": "runner_crashed"}]
 
 
 # -- Ask and reply ------------------------------------------------------------------------------
@@ -519,6 +643,7 @@ async def test_to_client_with_no_app_or_on_a_phone_call_is_dropped_and_counted(t
         assert summary_of(records, session_id) == {
             "undeliveredToClient": {"show-status": 6, "show-form": 2},
             "refusedQueuedHostMessages": 0,
+            "undeliveredQueuedHostMessages": 0,
         }
         assert not events_named(records, session_id, "curb.toClient")
     # One warning per key and reason, however many were dropped.
@@ -634,7 +759,8 @@ async def speak(caller: LoopbackCaller, text: str) -> None:
     words = b"".join([chunk async for chunk in tts.synthesize(text)])
     quiet = bytes(rate * 2 // 50)  # 20 ms
     frame = len(quiet)
-    audio = quiet * 15 + words + quiet * 50
+    # 2.5 s of quiet: more than the longest pause the end-of-turn model may wait out (2 s).
+    audio = quiet * 15 + words + quiet * 125
     for start in range(0, len(audio), frame):
         caller.send_audio(audio[start : start + frame], rate)
 
@@ -780,7 +906,7 @@ _CANCEL_AFTER_DRAIN = """
 import sys, trio
 from functools import partial
 from pathlib import Path
-from runner.agent._runtime import conversation_factory
+from runner.agent import conversation_factory
 from runner.config import Config
 from runner.runtime import serve_runner
 from runner.transports.loopback import LoopbackTransport

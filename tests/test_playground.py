@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ CHROMIUM_ARGS = [
 ]
 PLAYGROUND = "runner: playground on "
 QUESTION = "What is the weather in Lisbon?"
-ANSWER = "Here is what I found: In Lisbon it is sunny and 24 degrees."
+ANSWER = "In Lisbon it is sunny and 24 degrees."
 WAIT_MS = 60_000
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
@@ -137,8 +140,18 @@ def _browser(playwright: Any, *extra: str) -> Browser:
     return playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *extra])
 
 
-def _open(browser: Browser, url: str, failures: list[str]) -> Page:
-    page = browser.new_page(viewport={"width": 1280, "height": 760})
+def _microphone_browser(playwright: Any, wav: Path) -> Browser:
+    """Chromium whose microphone plays ``wav`` once, then silence."""
+    return _browser(
+        playwright,
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}%noloop",
+    )
+
+
+def _open(browser: Browser, url: str, failures: list[str], width: int = 1280) -> Page:
+    page = browser.new_page(viewport={"width": width, "height": 760})
     page.on("pageerror", lambda error: failures.append(f"pageerror: {error}"))
     page.on("requestfailed", lambda request: failures.append(f"request failed: {request.url}"))
     page.on(
@@ -239,12 +252,7 @@ def test_a_spoken_turn_from_the_microphone_is_heard_answered_and_played(
     url = dev.url()
     failures: list[str] = []
     with sync_playwright() as playwright:
-        browser = _browser(
-            playwright,
-            "--use-fake-ui-for-media-stream",
-            "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={wav}%noloop",
-        )
+        browser = _microphone_browser(playwright, wav)
         page = _open(browser, url, failures)
         # The greeting was heard to its end.
         page.wait_for_function(
@@ -281,5 +289,208 @@ def test_a_spoken_turn_from_the_microphone_is_heard_answered_and_played(
         )
         page.wait_for_function(f"window.playground.played > {before} + 0.5", timeout=WAIT_MS)
         _shot(page, tmp_path, "playground-spoken.png")
+        browser.close()
+    assert failures == []
+
+
+SHOP = """\
+from runner.agent import Agent
+
+shop = Agent("shop", instructions="We sell bicycles.", greeting="{greeting}")
+"""
+
+
+def test_a_reload_moves_the_page_to_a_new_conversation_that_greets_with_the_new_code(tmp_path: Path) -> None:
+    agent = tmp_path / "shop.py"
+    agent.write_text(SHOP.format(greeting="Hello from the old shop."), encoding="utf-8")
+    runner = DevRunner(tmp_path / "journal.db", str(agent))
+    failures: list[str] = []
+    try:
+        url = runner.url()
+        with sync_playwright() as playwright:
+            browser = _browser(playwright)
+            page = _open(browser, url, failures)
+            first = page.evaluate("window.playground.session.session_id")
+            assert page.evaluate("window.playground.replies") == ["Hello from the old shop."]
+            agent.write_text(SHOP.format(greeting="Hello from the new shop."), encoding="utf-8")
+            page.wait_for_function("window.playground.replies.length >= 2", timeout=WAIT_MS)
+            assert page.evaluate("window.playground.replies") == [
+                "Hello from the old shop.",
+                "Hello from the new shop.",
+            ]
+            second = page.evaluate("window.playground.session.session_id")
+            assert second != first
+            assert page.text_content("#session") == second
+            assert page.text_content("#status") == "connected · text only"
+            notes = page.eval_on_selector_all("#transcript li.note", "items => items.map(i => i.textContent)")
+            assert f"(the agent was reloaded: a new conversation, {second})" in notes
+            # The journal pane follows the new conversation's call.
+            page.wait_for_function(
+                "[...document.querySelectorAll('#journal li')].some(i => i.textContent.includes('Hello from the new shop.'))",
+                timeout=WAIT_MS,
+            )
+            browser.close()
+    finally:
+        code = runner.stop()
+    assert code == 0, "\n".join(runner.stderr)
+    assert failures == []
+
+
+WIDTHS = (1280, 420)
+# Every control of the conversation, as the person sees it: whole, and inside the window.
+CUT_CONTROLS = """() => {
+  const talk = document.querySelector('#talk').getBoundingClientRect();
+  return [...document.querySelectorAll('#say button, #say input')]
+    .filter(e => e.offsetParent !== null)
+    .filter(e => {
+      e.scrollIntoView({block: 'nearest'});
+      const box = e.getBoundingClientRect();
+      const top = document.elementFromPoint(box.left + 3, box.top + box.height / 2);
+      const topRight = document.elementFromPoint(box.right - 3, box.top + box.height / 2);
+      return e.scrollWidth > e.clientWidth + 1 || box.left < talk.left || box.right > talk.right
+        || !e.contains(top) || !e.contains(topRight);
+    })
+    .map(e => e.id + ' ' + e.textContent);
+}"""
+SHOWN_PATHS = "() => [...document.querySelectorAll('#settings [data-path]')].filter(e => !e.hidden).map(e => e.dataset.path)"
+
+
+def test_the_page_fits_a_phone_and_offers_only_the_settings_a_host_may_change(tmp_path: Path) -> None:
+    agent = tmp_path / "shop.py"
+    agent.write_text(SHOP.format(greeting="Hello from the shop."), encoding="utf-8")
+    failures: list[str] = []
+    for spec, shown in ((None, ["tts.voice", "stt.language", "llm", "llm"]), (str(agent), None)):
+        runner = DevRunner(tmp_path / f"{agent.stem if spec else 'concierge'}.db", spec)
+        try:
+            url = runner.url()
+            with sync_playwright() as playwright:
+                browser = _browser(playwright)
+                for width in WIDTHS:
+                    page = _open(browser, url, failures, width=width)
+                    page.wait_for_function("document.querySelector('#effective').textContent !== ''")
+                    assert page.evaluate(CUT_CONTROLS) == [], (spec, width)
+                    assert page.evaluate("document.documentElement.scrollWidth") <= width, (spec, width)
+                    assert page.text_content("#send") == "Send"
+                    if shown is None:
+                        # Nothing adjustable: no form to be refused by, and a line saying why.
+                        assert page.is_hidden("#settings") and page.is_visible("#fixed"), width
+                    else:
+                        assert page.is_visible("#settings") and page.is_hidden("#fixed"), width
+                        assert page.evaluate(SHOWN_PATHS) == shown, width
+                        assert page.is_hidden("#tts-model")
+                    _shot(page, tmp_path, f"playground-{width}.png")
+                    page.close()
+                browser.close()
+        finally:
+            code = runner.stop()
+        assert code == 0, "\n".join(runner.stderr)
+    assert failures == []
+
+
+async def _hands_free_wav(path: Path, *, noise: bool = False) -> None:
+    """Quiet, the question, three seconds of quiet, as a person says it; with ``noise``, half a
+    second of hiss (a breath, a door: sound with no words) and eleven seconds of quiet first
+    (the page waits 8 s for words before it discards a recording)."""
+    voice = EspeakTTS("en-us+f2")
+    pcm = b"".join([chunk async for chunk in voice.synthesize(QUESTION)])
+    rate = voice.sample_rate_hz
+    second = bytes(2 * rate)
+    hiss = random.Random(7)
+    before = second
+    if noise:
+        burst = array("h", (max(-32767, min(32767, round(hiss.gauss(0, 3000)))) for _ in range(rate // 2)))
+        before = second + burst.tobytes() + 11 * second
+    write_wav(path, before + pcm + 3 * second, rate)
+
+
+HANDS_FREE_STATE = (
+    "(({recordings, heard, partials, peakDb, bargeIns, played}) =>"
+    " ({recordings, heard, partials, peakDb, bargeIns, played}))(window.playground)"
+)
+
+
+def test_hands_free_the_page_hears_the_person_start_and_stop_and_the_agent_answers(
+    dev: DevRunner, tmp_path: Path
+) -> None:
+    wav = tmp_path / "hands-free.wav"
+    trio.run(partial(_hands_free_wav, noise=True), wav)
+    url = dev.url()
+    failures: list[str] = []
+    with sync_playwright() as playwright:
+        browser = _microphone_browser(playwright, wav)
+        page = _open(browser, url, failures)
+        page.wait_for_function(
+            "window.playground.played > 0 && window.playground.playing.size === 0", timeout=WAIT_MS
+        )
+        # One click, and nothing more: the page hears each sound start and end by itself.
+        page.click("#hands-free")
+        page.wait_for_function("window.playground.replies.length >= 2", timeout=WAIT_MS)
+        state = page.evaluate(HANDS_FREE_STATE)
+        # Two barge_in recordings: the hiss, which brought no words and was discarded (no turn,
+        # no error), then the question, ended as the turn.
+        assert state["recordings"] == [
+            {"id": "hands-free-1", "outcome": "discarded"},
+            {"id": "hands-free-2", "outcome": "turn"},
+        ], state
+        (heard,) = state["heard"]
+        assert {"what", "weather", "lisbon"} & set(heard.lower().strip("?.!").split()), heard
+        # The words showed while the person spoke, the meter moved, the recognizer said it was them.
+        assert state["partials"], state
+        assert state["peakDb"] > -40, state
+        assert len(state["bargeIns"]) == 1 and state["bargeIns"][0]["turn"] is None, state
+        assert page.eval_on_selector_all(
+            "#transcript li.user.spoken", "items => items.map(i => i.textContent)"
+        ) == [heard]
+        assert page.query_selector("#transcript li.partial") is None
+        assert page.query_selector("#transcript li.error") is None
+        reply = page.evaluate("window.playground.replies[1]")
+        assert (
+            page.eval_on_selector_all(
+                "#transcript li.agent", "items => items.map(i => i.firstChild.textContent)"
+            )[-1]
+            == reply
+        )
+        _shot(page, tmp_path, "playground-hands-free.png")
+        browser.close()
+    assert failures == []
+
+
+@pytest.mark.parametrize("dev", ["tests.playground_agents:talkative_concierge"], indirect=True)
+def test_hands_free_talking_over_the_agent_stops_its_voice_and_takes_the_turn(
+    dev: DevRunner, tmp_path: Path
+) -> None:
+    wav = tmp_path / "over.wav"
+    trio.run(_hands_free_wav, wav)
+    url = dev.url()
+    failures: list[str] = []
+    with sync_playwright() as playwright:
+        browser = _microphone_browser(playwright, wav)
+        page = browser.new_page(viewport={"width": 1280, "height": 760})
+        page.on("pageerror", lambda error: failures.append(f"pageerror: {error}"))
+        page.goto(url)
+        # Listening from the start: the question comes a second into the long greeting.
+        page.wait_for_function("window.playground.ready", timeout=WAIT_MS)
+        page.click("#hands-free")
+        # The spoken turn answered (the greeting may have ended interrupted, or done).
+        page.wait_for_function(
+            "window.playground.spokenTurns.length > 0"
+            " && window.playground.answered.includes(window.playground.spokenTurns[0])",
+            timeout=WAIT_MS,
+        )
+        state = page.evaluate(HANDS_FREE_STATE)
+        (barge,) = state["bargeIns"]
+        # The agent was speaking when the person's words came: its voice stopped there, with
+        # the rest of its greeting unplayed.
+        assert barge["playing"] > 0 and barge["unplayed"] > 1, state
+        assert state["recordings"] == [{"id": "hands-free-1", "outcome": "turn"}], state
+        (heard,) = state["heard"]
+        assert {"what", "weather", "lisbon"} & set(heard.lower().strip("?.!").split()), heard
+        assert page.eval_on_selector_all(
+            "#transcript li.user.spoken", "items => items.map(i => i.textContent)"
+        ) == [heard]
+        if barge["turn"] is not None:
+            # The greeting was still being written: the server cut it, as cancel would.
+            notes = page.eval_on_selector_all("#transcript li.note", "items => items.map(i => i.textContent)")
+            assert any(note.startswith("(the reply stopped: ") for note in notes), notes
         browser.close()
     assert failures == []

@@ -25,6 +25,7 @@ from runner.transports.loopback import LoopbackCaller
 
 from . import agents
 from .inprocess import (
+    HeldLoopback,
     answer,
     call_start,
     conforms,
@@ -485,8 +486,9 @@ async def test_a_new_voice_is_heard_from_the_next_reply_not_the_current_one(tmp_
 
 
 async def test_a_change_to_a_starting_call_is_applied_once_it_connects(tmp_path: Path) -> None:
+    held = HeldLoopback()
     async with (
-        open_runner(agents.tunable_greeter, tmp_path) as runner,
+        open_runner(agents.tunable_greeter, tmp_path, transport=held) as runner,
         runner.client() as client,
         follow(runner) as follower,
     ):
@@ -494,17 +496,16 @@ async def test_a_change_to_a_starting_call_is_applied_once_it_connects(tmp_path:
         async with trio.open_nursery() as nursery:
 
             async def start_slow_call() -> None:
-                placed.append(
-                    await client.post("/v1/sessions", json=call_start("slow", "loopback://x?connect_ms=1500"))
-                )
+                placed.append(await client.post("/v1/sessions", json=call_start("slow", "loopback://x")))
 
             nursery.start_soon(start_slow_call)
             with trio.fail_after(5):
-                while (await client.get("/v1/sessions/slow")).status_code != 200:
-                    await trio.sleep(0.01)
+                await held.joining.wait()
+            assert answer(await client.get("/v1/sessions/slow"), 200, "LiveCall")["state"] == "starting"
             settings = await accepted(client, "slow", {"tts": {"voice": "en+f3"}})
             assert settings["tts"]["voice"] == "en+f3"
             assert answer(await client.get("/v1/sessions/slow"), 200, "LiveCall")["state"] == "starting"
+            held.release.set()  # now it connects
         answer(placed[0], 202, "StartCallResponse")
         await place(client, "plain")  # the same agent, no change: its own voice
         slow, plain = await runner.wait_caller("slow"), await runner.wait_caller("plain")

@@ -53,12 +53,14 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 async def wait_records(
     runner: InProcessRunner, session_id: str, done: Callable[[list[Record]], bool]
 ) -> list[Record]:
+    journal = runner.runner.journal
     with trio.fail_after(30):
         while True:
-            records = await runner.runner.journal.read(0, 10_000, producer=session_id)
+            head = (await journal.window()).head  # before the read: no commit slips between
+            records = await journal.read(0, 10_000, producer=session_id)
             if done(records):
                 return records
-            await trio.sleep(0.05)
+            await journal.wait_past(head)
 
 
 def assistant_turns(records: list[Record]) -> list[dict[str, Any]]:
@@ -186,7 +188,7 @@ async def test_spans_nest_call_turn_and_provider_requests(tmp_path: Path) -> Non
             await wait_records(runner, "t-1", lambda rs: len(assistant_turns(rs)) == 1)
             caller.say("what is the weather in lisbon")
             await wait_records(runner, "t-1", lambda rs: len(assistant_turns(rs)) == 2)
-            send_pcm(caller, await speech("what is the weather in berlin") + silence(1.0))
+            send_pcm(caller, await speech("what is the weather in berlin") + silence(2.5))
             await wait_records(runner, "t-1", lambda rs: len(assistant_turns(rs)) == 3)
             await client.delete("/v1/sessions/t-1", params={"reason": "done"})
         spans = exporter.get_finished_spans()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 
 from runner import wire
+from runner.wire import WireError, decode
 
 from .test_protocol_schema import DEFS, HELPER_DEFS, INVALID, VALID, _type_of, _validator
 
@@ -24,6 +28,8 @@ TYPES: dict[str, object] = {
     "LifecycleRecovered": wire.LifecycleRecovered,
     "Lifecycle": wire.Lifecycle,
     "StartCallRequest": wire.StartCallRequest,
+    "ResumedCall": wire.ResumedCall,
+    "HistoryTurn": wire.HistoryTurn,
     "LiveCall": wire.LiveCall,
     "StartCallResponse": wire.StartCallResponse,
     "StopCallResponse": wire.StopCallResponse,
@@ -86,3 +92,25 @@ def test_parse_json_refuses_what_json_does_not_have(text: str) -> None:
 
 def test_parse_json_reads_json() -> None:
     assert wire.parse_json(b'{"x":[1,2.5e3,null,"\\u00e9"]}') == {"x": [1, 2500.0, None, "é"]}
+
+
+def test_a_wrong_structure_is_told_what_was_expected_in_the_protocols_words() -> None:
+    # Every field of every wire type, given every kind of JSON value: each issue is one of
+    # the runner's own sentences, never Python's or cattrs' ("'list' object has no attribute").
+    values: list[Any] = [[], "x", 1, 1.5, True, {}, None, ["a"], {"a": 1}, -1, [[1]], {"a": {"b": []}}]
+    said: set[str] = set()
+    for name in dir(wire):
+        cls = getattr(wire, name)
+        if not (isinstance(cls, type) and attrs.has(cls)):
+            continue
+        for body in [*values, *({wire.wire_name(f.name): v} for f in attrs.fields(cls) for v in values)]:
+            try:
+                decode(cls, body)
+            except WireError as refused:
+                said |= {issue.message for issue in refused.issues}
+    ours = re.compile(
+        r"expected (a string|an integer|a number|a boolean|an object|an array)( or (a string|an integer|a number|an object))*"
+        r"|is required|must not be null|must be at least \d+|is not one of the allowed values"
+        r"|does not have the expected type|must not be empty|.+ is not a valid .+"
+    )
+    assert said and all(ours.fullmatch(message) for message in said), sorted(said)

@@ -9,12 +9,15 @@ so a handler that changes state can unlock a tool or a skill.
 from __future__ import annotations
 
 import inspect
+import logging
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
 
 from ..providers import ToolSpec
+from ..voice.turn_taking import TurnTaking
 from ._schema import Parameters, parameters_of
 from ._settings import LLM, STT, TTS, AuthoringError, Origin, check_adjustable
 
@@ -27,6 +30,8 @@ Predicate = Callable[["Context"], bool]
 TextSource = str | Callable[["Context"], "str | None"]
 
 MAX_KEY_CHARS = 256
+
+log = logging.getLogger("runner.agent")
 
 
 @attrs.frozen(kw_only=True)
@@ -176,6 +181,7 @@ class _Parts:
             self._instructions = list(instructions)
         self.tools: list[Tool] = []
         self.handlers: list[MessageHandler] = []
+        self.dtmf_handlers: list[Callable[..., Any]] = []
 
     def instructions(self, fn: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
         """Decorator: add instructions computed from the call (``None`` adds nothing)."""
@@ -212,6 +218,18 @@ class _Parts:
             return fn
 
         return register
+
+    def on_dtmf(self, fn: F) -> F:
+        """Decorator: handle the keys a phone caller presses (DTMF), one call per key.
+
+        The handler is ``fn(ctx, digit)``, sync or async; ``digit`` is one of ``0``-``9``,
+        ``*``, ``#``, ``A``-``D``. Text it returns is spoken to the caller as written (a
+        menu's answer, "Thank you, that PIN is right"); ``None`` says nothing. Handlers run
+        in registration order (the agent's, then each mounted skill's), one key at a time,
+        and not while a transfer target is in the call.
+        """
+        self.dtmf_handlers.append(fn)
+        return fn
 
     @overload
     def tool(self, fn: F) -> F: ...
@@ -287,6 +305,10 @@ class Offer:
         return next((t for t in self.app_tools if t.name == name), None)
 
 
+RESUME_LINE = "Sorry, the line dropped for a moment. I'm back."
+"""What an agent says by default when it picks up a call its runner dropped."""
+
+
 class Agent(_Parts):
     """A voice agent.
 
@@ -319,7 +341,23 @@ class Agent(_Parts):
             messages since the last summary pass this budget; ``None``: never.
         vad: How the agent tells the caller's speech from the rest: ``"silero"`` (the
             Silero VAD model, the default) or ``"energy"`` (frame energy, the light option).
+        turn_detection: How the agent finds the end of the caller's turn: ``"smart_turn"``
+            (the default: the end-of-turn model judges each pause, docs/speech.md) or
+            ``"silence"`` (``end_of_turn_silence_ms`` of quiet ends every turn).
+        end_of_turn_silence_ms: The fixed rule's silence (also the rule when the end-of-turn
+            model is not installed).
+        min_end_of_turn_silence_ms: With the model: the quiet after which a pause it judges
+            finished ends the turn.
+        max_end_of_turn_silence_ms: With the model: the longest pause; the turn ends then,
+            whatever it judged.
+        backchannels: Speech over the agent's voice holds it and is judged by its words: a
+            backchannel ("mm-hm", "yeah") or no words lets it go on where it was, anything
+            else cuts it off. ``False``: any speech cuts it off at once.
         end_of_turn_silence_ms: How long the caller must be quiet before their turn ends.
+        resume_line: What the agent says first when it picks up a call whose runner died
+            (a start with ``resume``, docs/failover.md), in place of the greeting: text, a
+            function of the call giving text (``ctx.call.history`` holds the conversation so
+            far), ``True`` to let the model speak first, or ``None`` to wait for the caller.
     """
 
     def __init__(
@@ -343,15 +381,28 @@ class Agent(_Parts):
         thinking_summaries: Literal["auto", "off"] = "off",
         compact_after_words: int | None = None,
         vad: Literal["silero", "energy"] = "silero",
+        turn_detection: Literal["smart_turn", "silence"] = "smart_turn",
         end_of_turn_silence_ms: int = 500,
+        min_end_of_turn_silence_ms: int = 200,
+        max_end_of_turn_silence_ms: int = 2000,
+        backchannels: bool = True,
+        resume_line: TextSource | bool | None = RESUME_LINE,
     ) -> None:
         super().__init__(instructions)
         if not name:
             raise AuthoringError("an agent needs a name")
         if vad not in ("silero", "energy"):
             raise AuthoringError("vad must be 'silero' or 'energy'")
-        if not 100 <= end_of_turn_silence_ms <= 5000:
-            raise AuthoringError("end_of_turn_silence_ms must be within 100..5000")
+        try:
+            self.turn_taking = TurnTaking(
+                detection=turn_detection,
+                silence_ms=end_of_turn_silence_ms,
+                min_silence_ms=min_end_of_turn_silence_ms,
+                max_silence_ms=max_end_of_turn_silence_ms,
+                backchannels=backchannels,
+            )
+        except ValueError as exc:
+            raise AuthoringError(str(exc)) from None
         self.vad = vad
         self.end_of_turn_silence_ms = end_of_turn_silence_ms
         if knowledge not in (None, "first", "tool"):
@@ -370,6 +421,7 @@ class Agent(_Parts):
         self.tts = tts
         self.stt = stt
         self.greeting = greeting
+        self.resume_line = resume_line
         self.adjustable: dict[Origin, tuple[str, ...]] = check_adjustable(adjustable)
         self.experiments = {k: dict(v) for k, v in (experiments or {}).items()}
         for experiment, weights in self.experiments.items():
@@ -443,6 +495,10 @@ class Agent(_Parts):
             own.extend(h for h in skill.handlers if h.key == key and h.sender == sender)
         return own
 
+    def dtmf_handlers_for(self, ctx: Context) -> list[Callable[..., Any]]:
+        """The key handlers live now: the agent's, then each mounted skill's."""
+        return [*self.dtmf_handlers, *(fn for skill in self.mounted(ctx) for fn in skill.dtmf_handlers)]
+
     def mounted(self, ctx: Context) -> list[Skill]:
         """The skills mounted for this call's state right now."""
         return [s for s in self.skills if s.when is None or s.when(ctx)]
@@ -476,3 +532,18 @@ async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def log_tool_failure(name: str, error: BaseException) -> None:
+    """Say on the log that an author's tool raised: where (its innermost frame) always, and at
+    ``debug`` the whole traceback, so the author finds the line without a debugger."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    log.warning(
+        "tool %s failed: %s: %s%s",
+        name,
+        type(error).__name__,
+        error,
+        where,
+        exc_info=error if log.isEnabledFor(logging.DEBUG) else None,
+    )

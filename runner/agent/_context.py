@@ -1,15 +1,16 @@
 """The per-call API agent code gets: ``ctx.client``, ``ctx.call``, ``ctx.experiment``,
-``ctx.state``, ``ctx.settings``, ``ctx.send`` and ``ctx.ask_host``.
+``ctx.state``, ``ctx.settings``, ``ctx.send`` (``to_client``, ``to_host``, ``dtmf``) and
+``ctx.ask_host``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import attrs
 
-from ..wire import Direction, EffectiveSettings
+from ..wire import Direction, EffectiveSettings, HistoryTurn, ResumedCall
 
 
 class HostUnavailableError(Exception):
@@ -59,8 +60,17 @@ class Variants(Entries):
 
 @attrs.frozen(kw_only=True)
 class CallInfo:
+    """Attributes:
+    session_id: The host's id of the call.
+    direction: ``outbound`` when the host dialed the caller.
+    resumed: The call continues one another runner held (a start with ``resume``).
+    history: The conversation so far when the call was resumed, oldest first.
+    """
+
     session_id: str
     direction: Direction
+    resumed: bool = False
+    history: tuple[HistoryTurn, ...] = ()
 
 
 class CallLink(Protocol):
@@ -72,12 +82,12 @@ class CallLink(Protocol):
 
     async def ask_host(self, key: str, payload: Mapping[str, Any] | None, timeout_s: float) -> Any: ...
 
-    def settings(self) -> EffectiveSettings: ...
+    def dtmf(self, digits: str) -> None: ...
 
 
 class Send:
-    """``ctx.send``: messages to the caller's app and to the host. Never raises for delivery:
-    a message nobody can receive is dropped with one warning per key and reason.
+    """``ctx.send``: messages to the caller's app and to the host, keys to the phone. Never
+    raises for delivery: what nobody can receive is dropped with one warning per key and reason.
     """
 
     def __init__(self, link: CallLink) -> None:
@@ -90,6 +100,16 @@ class Send:
     def to_host(self, key: str, payload: Mapping[str, Any] | None = None) -> None:
         """Write a ``host`` record (``expectsReply: false``) on the events stream."""
         self._link.to_host(key, payload)
+
+    def dtmf(self, digits: str) -> None:
+        """Press keys on the call's phone line (``"1"``, ``"0123#"``): RFC 4733 events to the
+        phone, in order, after whatever was sent before. Keys are ``0``-``9``, ``*``, ``#`` and
+        ``A``-``D``. On a call with no phone line they are dropped with one warning.
+
+        Raises:
+            ValueError: ``digits`` is empty or holds something that is not a key.
+        """
+        self._link.dtmf(digits)
 
 
 class Context:
@@ -104,13 +124,21 @@ class Context:
         experiments: Mapping[str, str],
         state: Any,
         link: CallLink,
+        settings: Callable[[], EffectiveSettings],
+        resume: ResumedCall | None = None,
     ) -> None:
-        self.call = CallInfo(session_id=session_id, direction=direction)
+        self.call = CallInfo(
+            session_id=session_id,
+            direction=direction,
+            resumed=resume is not None,
+            history=tuple(resume.history) if resume is not None else (),
+        )
         self.client = Entries(client, "client")
         self.experiment = Variants(experiments, "experiment")
         self.state = state
         self.send = Send(link)
         self._link = link
+        self._settings = settings
 
     @property
     def session_id(self) -> str:
@@ -119,7 +147,7 @@ class Context:
     @property
     def settings(self) -> EffectiveSettings:
         """The settings the call runs with now, host and client changes included."""
-        return self._link.settings()
+        return self._settings()
 
     async def ask_host(
         self, key: str, payload: Mapping[str, Any] | None = None, *, timeout: float = 10.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from ._authoring import Agent
+
 
 def assign_variant(
     session_id: str,
@@ -35,3 +37,15 @@ def assign_variant(
             return name
         left -= weight
     raise AssertionError("unreachable: the weights sum to more than what is left")
+
+
+def choose_experiments(
+    agent: Agent, session_id: str, client: Mapping[str, str], sent: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The call's variants: each one the host sent, as sent; the others by the seed's rule."""
+    chosen = {
+        name: assign_variant(session_id, name, weights, client, agent.from_client.get(name))
+        for name, weights in agent.experiments.items()
+        if name not in (sent or {})
+    }
+    return {**chosen, **dict(sent or {})}

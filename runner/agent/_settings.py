@@ -51,8 +51,9 @@ class TTS:
 
 @attrs.frozen(kw_only=True)
 class STT:
-    """A recognizer: ``provider`` is ``whisper`` (offline, Whisper tiny.en), ``pocketsphinx``
-    (offline, light), ``openai`` or ``azure``."""
+    """A recognizer: ``provider`` is ``whisper`` (offline, Whisper tiny.en; other languages with
+    Whisper base, the ``multilingual`` extra), ``pocketsphinx`` (offline, light), ``openai`` or
+    ``azure``."""
 
     provider: str
     language: str | None = None

@@ -10,44 +10,32 @@ next outside change of that path.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from functools import partial
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
 import attrs
 
 from ..errors import InvalidRequest, InvalidSettings, NotAdjustable
+from ..providers import chat_model, recognizer, synthesizer
 from ..wire import (
     EffectiveLLM,
     EffectiveSettings,
     EffectiveSTT,
     EffectiveTTS,
     Issue,
+    LLMProvider,
 )
 from ._authoring import Offer
 from ._settings import LLM, STT, TTS, Origin
 
-_LLM_PROVIDERS = ("kugelaudio", "anthropic", "openai", "openai-compatible", "local")
-_UPDATE_LLM_PROVIDERS = ("kugelaudio", "anthropic", "openai", "openai-compatible")
-# The protocol names kugelaudio; this runner builds only these.
-_BUILDABLE_LLM_PROVIDERS = ("anthropic", "openai", "openai-compatible")
+#: The chat model providers a settings update may name: the host protocol's list.
+_LIVE_LLM_PROVIDERS: tuple[str, ...] = get_args(LLMProvider)
 _SHAPE: dict[str, tuple[str, ...]] = {
     "tts": ("voice", "model"),
     "stt": ("language",),
     "llm": ("provider", "model", "baseURL"),
 }
-_OPENAI_VOICES = (
-    "alloy",
-    "ash",
-    "ballad",
-    "coral",
-    "echo",
-    "fable",
-    "nova",
-    "onyx",
-    "sage",
-    "shimmer",
-    "verse",
-)
 
 
 @attrs.frozen(kw_only=True)
@@ -104,28 +92,18 @@ def _voice_issue(tts: TTS | None, voice: Any) -> str | None:
         return "this agent has no voice"
     if not isinstance(voice, (str, int, float)) or isinstance(voice, bool):
         return "must be a string or a number"
-    if tts.provider == "kugelaudio":
-        if isinstance(voice, str) and not voice.isdigit():
-            return "a KugelAudio voice is a numeric voice id"
-        if isinstance(voice, float) and not voice.is_integer():
-            return "a KugelAudio voice is a numeric voice id"
-        return None
-    if tts.provider == "espeak":
-        from ..providers.espeak import EspeakTTS
+    declared = synthesizer(tts.provider)
+    return declared.voice_problem(voice) if declared else None
 
-        if not isinstance(voice, str) or not EspeakTTS.supports_voice(voice):
-            return f"espeak has no voice {voice!r}"
-        return None
-    if tts.provider == "hibari":
-        from ..providers.hibari import HibariTTS
 
-        if not HibariTTS.supports_voice(voice):
-            return (
-                f"hibari has no voice {voice!r} here; this runner offers {', '.join(HibariTTS.list_voices())}"
-            )
-        return None
-    if tts.provider == "openai" and voice not in _OPENAI_VOICES:
-        return f"OpenAI speech has no voice {voice!r}"
+def _tts_model_issue(tts: TTS | None, model: Any) -> str | None:
+    if not isinstance(model, str) or not model:
+        return "must be a non-empty string"
+    if tts is None:
+        return "this agent has no voice"
+    declared = synthesizer(tts.provider)
+    if declared is not None and not declared.has_models:
+        return f"{tts.provider} has no models to choose from"
     return None
 
 
@@ -134,17 +112,86 @@ def _language_issue(stt: STT | None, language: Any) -> str | None:
         return "this agent has no recognizer"
     if not isinstance(language, str) or not 2 <= len(language) <= 16:
         return "must be a language tag such as 'en' or 'de-DE'"
-    if stt.provider == "pocketsphinx":
-        from ..providers.pocketsphinx import PocketsphinxSTT
+    declared = recognizer(stt.provider)
+    return declared.language_problem(language) if declared else None
 
-        if not PocketsphinxSTT.supports_language(language):
-            return f"the offline recognizer takes no language but English, not {language!r}"
-    if stt.provider == "whisper":
-        from ..providers.whisper import WhisperSTT
 
-        if not WhisperSTT.supports_language(language):
-            return f"the offline recognizer (Whisper tiny.en) takes no language but English, not {language!r}"
+def _shape_issues(raw: Mapping[str, Any]) -> list[Issue]:
+    """Sections and keys that are not settings, and sections that are not objects."""
+    issues = []
+    for section, value in raw.items():
+        if section not in _SHAPE:
+            issues.append(Issue(path=[section], message="is not a setting"))
+        elif not isinstance(value, dict):
+            issues.append(Issue(path=[section], message="must be an object"))
+        else:
+            issues.extend(
+                Issue(path=[section, key], message="is not a setting")
+                for key in value
+                if key not in _SHAPE[section]
+            )
+    return issues
+
+
+def _option_changes(
+    raw: Mapping[str, Any], tts: TTS | None, stt: STT | None, issues: list[Issue]
+) -> dict[str, Any]:
+    """The voice, speech model and language an update sets, each checked by its provider's declaration."""
+    checks = (
+        ("tts", "voice", "voice", partial(_voice_issue, tts)),
+        ("tts", "model", "tts_model", partial(_tts_model_issue, tts)),
+        ("stt", "language", "language", partial(_language_issue, stt)),
+    )
+    changes = {}
+    for section, key, change, problem_of in checks:
+        update = raw.get(section)
+        if not isinstance(update, dict) or key not in update:
+            continue
+        problem = problem_of(update[key])
+        if problem:
+            issues.append(Issue(path=[section, key], message=problem))
+        changes[change] = update[key]
+    return changes
+
+
+def _base_url_issue(base_url: Any, origin: Origin, author_llm: LLM) -> str | None:
+    if (
+        not isinstance(base_url, str)
+        or urlsplit(base_url).scheme not in ("http", "https")
+        or not urlsplit(base_url).netloc
+    ):
+        return "must be an http(s) URL"
+    own = chat_model(author_llm.provider)
+    if origin == "client" and not (
+        own is not None and own.needs_base_url and author_llm.base_url == base_url
+    ):
+        # The endpoint receives the agent's key: a client may only name the agent's own.
+        return "a client may only use the agent's own endpoint"
     return None
+
+
+def _llm_choice(choice: Mapping[str, Any], origin: Origin, author_llm: LLM, issues: list[Issue]) -> LLM:
+    """The chat model an update chooses; it stands only if ``issues`` stays empty."""
+    provider: Any = choice.get("provider")
+    model: Any = choice.get("model")
+    base_url: Any = choice.get("baseURL")
+    if provider not in _LIVE_LLM_PROVIDERS:
+        issues.append(
+            Issue(path=["llm", "provider"], message=f"must be one of {', '.join(_LIVE_LLM_PROVIDERS)}")
+        )
+    if not isinstance(model, str) or not model:
+        issues.append(Issue(path=["llm", "model"], message="must be a non-empty string"))
+    problem = None if base_url is None else _base_url_issue(base_url, origin, author_llm)
+    if problem:
+        issues.append(Issue(path=["llm", "baseURL"], message=problem))
+    declared = chat_model(provider) if provider in _LIVE_LLM_PROVIDERS else None
+    if declared is not None and declared.needs_base_url and base_url is None:
+        if author_llm.provider == provider:
+            base_url = author_llm.base_url
+        else:
+            issues.append(Issue(path=["llm", "baseURL"], message=f"an {provider} model needs a baseURL"))
+    api_key_env = author_llm.api_key_env if base_url == author_llm.base_url else None
+    return LLM(provider=provider, model=model, base_url=base_url, api_key_env=api_key_env)
 
 
 def check_update(
@@ -167,80 +214,13 @@ def check_update(
     for path in _paths(raw):
         if path not in adjustable:
             raise NotAdjustable(path, f"{path} is not adjustable by the {origin}")
-    issues: list[Issue] = []
     _, tts, stt = current
-    changes: dict[str, Any] = {}
-    for section, value in raw.items():
-        if section not in _SHAPE:
-            issues.append(Issue(path=[section], message="is not a setting"))
-            continue
-        if not isinstance(value, dict):
-            issues.append(Issue(path=[section], message="must be an object"))
-            continue
-        for key in value:
-            if key not in _SHAPE[section]:
-                issues.append(Issue(path=[section, key], message="is not a setting"))
-    tts_section = raw.get("tts")
-    tts_update: dict[str, Any] = tts_section if isinstance(tts_section, dict) else {}
-    if "voice" in tts_update:
-        problem = _voice_issue(tts, tts_update["voice"])
-        if problem:
-            issues.append(Issue(path=["tts", "voice"], message=problem))
-        changes["voice"] = tts_update["voice"]
-    if "model" in tts_update:
-        if not isinstance(tts_update["model"], str) or not tts_update["model"]:
-            issues.append(Issue(path=["tts", "model"], message="must be a non-empty string"))
-        elif tts is None:
-            issues.append(Issue(path=["tts", "model"], message="this agent has no voice"))
-        elif tts.provider in ("espeak", "hibari"):
-            issues.append(
-                Issue(path=["tts", "model"], message=f"{tts.provider} has no models to choose from")
-            )
-        changes["tts_model"] = tts_update["model"]
-    stt_section = raw.get("stt")
-    stt_update: dict[str, Any] = stt_section if isinstance(stt_section, dict) else {}
-    if "language" in stt_update:
-        problem = _language_issue(stt, stt_update["language"])
-        if problem:
-            issues.append(Issue(path=["stt", "language"], message=problem))
-        changes["language"] = stt_update["language"]
+    issues = _shape_issues(raw)
+    changes = _option_changes(raw, tts, stt, issues)
     if isinstance(raw.get("llm"), dict):
-        choice = raw["llm"]
-        provider, model, base_url = choice.get("provider"), choice.get("model"), choice.get("baseURL")
-        if provider not in _UPDATE_LLM_PROVIDERS:
-            issues.append(
-                Issue(path=["llm", "provider"], message=f"must be one of {', '.join(_UPDATE_LLM_PROVIDERS)}")
-            )
-        elif provider not in _BUILDABLE_LLM_PROVIDERS:
-            issues.append(
-                Issue(path=["llm", "provider"], message=f"this runner has no {provider} model provider")
-            )
-        if not isinstance(model, str) or not model:
-            issues.append(Issue(path=["llm", "model"], message="must be a non-empty string"))
-        if base_url is not None:
-            if (
-                not isinstance(base_url, str)
-                or urlsplit(base_url).scheme not in ("http", "https")
-                or not urlsplit(base_url).netloc
-            ):
-                issues.append(Issue(path=["llm", "baseURL"], message="must be an http(s) URL"))
-            elif origin == "client" and not (
-                author_llm.provider == "openai-compatible" and author_llm.base_url == base_url
-            ):
-                # The endpoint receives the agent's key: a client may not choose it.
-                issues.append(
-                    Issue(path=["llm", "baseURL"], message="a client may only use the agent's own endpoint")
-                )
-        if provider == "openai-compatible" and base_url is None:
-            if author_llm.provider == "openai-compatible":
-                base_url = author_llm.base_url
-            else:
-                issues.append(
-                    Issue(path=["llm", "baseURL"], message="an openai-compatible model needs a baseURL")
-                )
+        choice = _llm_choice(raw["llm"], origin, author_llm, issues)
         if not issues:
-            api_key_env = author_llm.api_key_env if base_url == author_llm.base_url else None
-            changes["llm"] = LLM(provider=provider, model=model, base_url=base_url, api_key_env=api_key_env)
+            changes["llm"] = choice
     if issues:
         raise InvalidSettings("the update does not fit this agent's providers", issues=issues)
     return Overrides(**changes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from ..calls import Runner
 
 MAX_GRACE_MS = 60_000
+WEBHOOK_PATH = "/v1/livekit/webhook"
 
 
 def _grace_ms(raw: str | None) -> int:
@@ -66,6 +69,8 @@ def create_management_app(
     closing: trio.Event,
     keeps_journal: bool = True,
     metrics: Metrics | None = None,
+    health: Callable[[], Health] | None = None,
+    livekit_webhook: Callable[[bytes, str], Awaitable[dict[str, object]]] | None = None,
 ) -> QuartTrio:
     """The management app of one runner.
 
@@ -79,6 +84,11 @@ def create_management_app(
         metrics: Served at ``GET /v1/metrics`` (Prometheus text), behind the same token.
         keeps_journal: False for a runner that keeps no journal a host could read
             (``runner start --no-journal``): its events stream answers 404 ``no_journal``.
+        health: What ``GET /health`` answers now (its state); by default the plain answer.
+        livekit_webhook: A worker's receiver of the LiveKit server's webhooks, served at
+            ``POST /v1/livekit/webhook`` (docs/failover.md): given the body and the
+            ``Authorization`` header, it checks the server's signature (not the bearer token,
+            which LiveKit does not have) and raises ``Unauthorized`` when it does not hold.
     """
     app = QuartTrio("runner.management")
     install_error_handlers(app)
@@ -87,6 +97,10 @@ def create_management_app(
     async def authenticate() -> None:
         if request.path == "/health":
             return
+        if request.path == WEBHOOK_PATH and livekit_webhook is not None:
+            if (request.content_length or 0) > MAX_BODY_BYTES:
+                raise PayloadTooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
+            return  # signed by the LiveKit server: the route checks the signature
         if not bearer_matches(request.headers.get("Authorization", ""), token):
             raise Unauthorized()
         if not request.path.startswith("/v1/"):
@@ -102,10 +116,22 @@ def create_management_app(
         return error_response(NotFound(f"no WebSocket at {websocket.path}"))
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health_route() -> Response:
+        if health is not None:
+            return json_response(health())
         return json_response(
             Health(ok=True, protocol_version=PROTOCOL_VERSION, versions=list(PROTOCOL_VERSIONS))
         )
+
+    if livekit_webhook is not None:
+        receive = livekit_webhook
+
+        @app.post(WEBHOOK_PATH)
+        async def livekit_webhook_route() -> Response:
+            body = await request.get_data(as_text=False)
+            assert isinstance(body, bytes)
+            answer = await receive(body, request.headers.get("Authorization", ""))
+            return json_body_response(json.dumps(answer).encode())
 
     @app.get("/v1/runner/events")
     async def events() -> Response:

@@ -8,8 +8,9 @@ what an app's server and a host would do:
   conversation with it (an app's server does this with the API key).
 - ``GET /dev/events?from=N``: the journal's records, as the management events stream
   sends them (a host reads that with the management token).
-- ``GET``/``PATCH /dev/sessions/{id}``: a call's effective settings, and a live change
-  from the host's side (the management ``PATCH`` path).
+- ``GET``/``PATCH /dev/sessions/{id}``: a call's effective settings with the paths the
+  host may change (``adjustable``), and a live change from the host's side (the
+  management ``PATCH`` path).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from quart_trio import QuartTrio
 from journal import Journal
 
 from .. import ino_wire as w
+from ..agent import AgentRuntime
 from ..calls import Runner
 from ..errors import NotFound
 from ..transports.websocket import AgentSocketService
-from ..wire import SessionSettingsResponse
+from ..wire import SessionSettingsResponse, converter
 from ._common import json_response, read_json
 from ._events import check_cursor, parse_cursor, stream_lines
 
@@ -37,6 +39,7 @@ PLAYGROUND_USER = "playground"
 KEY_TTL_SECONDS = 86_400
 _FILES = {
     "playground.js": "text/javascript; charset=utf-8",
+    "vad.js": "text/javascript; charset=utf-8",
     "playground.css": "text/css; charset=utf-8",
 }
 
@@ -100,9 +103,14 @@ def install_playground(app: QuartTrio, service: AgentSocketService, playground: 
     async def settings(session_id: str) -> Response:
         call = playground.runner.get(session_id)
         conversation = call.conversation
-        if conversation is None or not hasattr(conversation, "settings"):
+        if not isinstance(conversation, AgentRuntime):
             raise NotFound(f"call {session_id!r} has not started its agent yet")
-        return json_response(SessionSettingsResponse(session_id=session_id, settings=conversation.settings()))
+        body = converter.unstructure(
+            SessionSettingsResponse(session_id=session_id, settings=conversation.settings())
+        )
+        # The page's form offers only what the host's PATCH may change (the agent's `adjustable`).
+        body["adjustable"] = list(conversation.agent.adjustable["host"])
+        return json_response(body)
 
     @app.patch("/dev/sessions/<session_id>")
     async def adjust(session_id: str) -> Response:

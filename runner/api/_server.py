@@ -40,13 +40,17 @@ from functools import partial
 from typing import Any
 
 import attrs
+import h11
+import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
-from hypercorn.protocol.events import StreamClosed
-from hypercorn.protocol.ws_stream import FrameTooLargeError, WSStream
+from hypercorn.events import Closed
+from hypercorn.protocol.events import Body, Data, EndBody, Response, StreamClosed
+from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
+from hypercorn.protocol.ws_stream import WSStream
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -57,6 +61,7 @@ from wsproto.events import BytesMessage, CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
 from ..ino_wire import AGENT_STREAM_PATH, RECORDING_TOO_LONG
+from ..wire import ErrorBody, ErrorCode, json_bytes
 
 
 @attrs.frozen(kw_only=True)
@@ -95,6 +100,8 @@ def listen(address: str, limits: HttpLimits, *, errorlog: Any, graceful_s: float
     config.errorlog = errorlog
     config.graceful_timeout = graceful_s
     config.keep_alive_timeout = limits.keep_alive_s
+    config.h11_max_incomplete_size = HEAD_MAX_BYTES
+    config.alpn_protocols = ["http/1.1"]  # no TLS here; should it come, HTTP/2 stays unoffered
     sockets = config.create_sockets()
     try:
         for sock in sockets.insecure_sockets:
@@ -270,26 +277,64 @@ class _TCPServer(TCPServer):
         await self.idle_task.stop()
 
 
-class _WSStream(WSStream):
-    """Hypercorn's WebSocket stream, failing a connection on a frame it cannot parse with a close frame.
+FIRST_MESSAGE_MAX_BYTES = 64 * 1024
+"""The largest first message of the agent socket (its ``auth`` frame), read before any credential."""
+_FAILED_LINGER_S = 2.0  # a failed connection's bytes are dropped this long for its close to arrive
 
-    wsproto reports such a frame as a :class:`CloseConnection` carrying the code to fail with
-    (1007 for invalid UTF-8 in a text message, 1002 for any other protocol error) while its
-    own state is still open: nobody sent it. Hypercorn only answers a close the peer sent, so
-    it dropped TCP with no close frame; this sends that close first. Otherwise the loop is
-    Hypercorn's (0.18) own.
+
+class _WSStream(WSStream):
+    """Hypercorn's WebSocket stream, with bounds for a peer nobody has authenticated yet.
+
+    - A frame that cannot be parsed fails the connection with a close frame. wsproto reports
+      it as a :class:`CloseConnection` carrying the code to fail with (1007 for invalid UTF-8
+      in a text message, 1002 for any other protocol error) while its own state is still
+      open: nobody sent it. Hypercorn only answers a close the peer sent, so it dropped TCP
+      with no close frame.
+    - A message is refused before it is buffered past its limit: the agent socket's first
+      message (its ``auth`` frame) at :data:`FIRST_MESSAGE_MAX_BYTES`, any other at the
+      listener's 16 MiB. Then the connection has failed: its close frame goes out, nothing it
+      sends is kept or parsed, and it ends :data:`_FAILED_LINGER_S` later. (Hypercorn kept
+      appending to the message past the limit, so a peer that kept sending grew the process
+      without bound.)
+    - permessage-deflate is not offered: a message is at most as large as its bytes on the
+      wire (wsproto inflates a frame whole, so 1 MB deflated became a gigabyte).
+
+    Otherwise the loop is Hypercorn's (0.18) own.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._received = 0
+        self._failed = False
+
+    async def handle(self, event: Any) -> None:
+        if self._failed and isinstance(event, (Body, Data)):
+            return
+        was_closed = self.closed
+        await super().handle(event)
+        if self.closed and not was_closed and not isinstance(event, StreamClosed):
+            # The handshake was refused: its connection is over (Hypercorn left it open).
+            await self.send(StreamClosed(stream_id=self.stream_id))
+
+    async def _accept(self, message: Any) -> None:
+        self.handshake.extensions = None  # permessage-deflate (or any other) is not offered
+        await super()._accept(message)
+
+    def _limit(self) -> int:
+        if self._received == 0 and self.scope["path"] == AGENT_STREAM_PATH:
+            return FIRST_MESSAGE_MAX_BYTES
+        return self.buffer.max_length
 
     async def _handle_events(self) -> None:
         for event in self.connection.events():
             if isinstance(event, Message):
-                try:
-                    self.buffer.extend(event)
-                except FrameTooLargeError:
-                    await self._send_wsproto_event(_too_big(self.scope["path"], event))
+                if self.buffer.length + len(event.data) > self._limit():
+                    await self._fail(_too_big(self.scope["path"], event, first=self._received == 0))
                     break
+                self.buffer.extend(event)
                 if event.message_finished:
                     assert self.app_put is not None
+                    self._received += 1
                     await self.app_put(self.buffer.to_message())
                     self.buffer.clear()
             elif isinstance(event, Ping):
@@ -301,8 +346,27 @@ class _WSStream(WSStream):
                     await self._send_wsproto_event(event)  # a frame that could not be parsed
                 await self.send(StreamClosed(stream_id=self.stream_id))
 
+    async def _fail(self, close: CloseConnection) -> None:
+        await self._send_wsproto_event(close)
+        self.buffer.clear()
+        self._failed = True
+        self.task_group.spawn(self._end_failed)
 
-def _too_big(path: str, message: Message[Any]) -> CloseConnection:
+    async def _end_failed(self) -> None:
+        await self.context.sleep(_FAILED_LINGER_S)
+        if not self.closed:
+            await self.send(StreamClosed(stream_id=self.stream_id))
+
+    async def _send_error_response(self, status_code: int) -> None:
+        bad = status_code == 400  # the handshake is not one (RFC 6455 4.2.1)
+        await _send_refusal(self, status_code, "not a WebSocket handshake" if bad else None)
+
+
+def _too_big(path: str, message: Message[Any], *, first: bool) -> CloseConnection:
+    if path == AGENT_STREAM_PATH and first:
+        return CloseConnection(
+            code=4001, reason=f"the first frame must be auth, at most {FIRST_MESSAGE_MAX_BYTES} bytes"
+        )
     # On the agent socket a binary message is audio, and one past the listener's message limit
     # (16 MiB) is past the seed's 10 MB recording cap too: that closes 4011, as the driver's own
     # count does for a recording that grows past it.
@@ -315,6 +379,100 @@ def _too_big(path: str, message: Message[Any]) -> CloseConnection:
 # is built here, so each of their WebSocket connections gets the stream above.
 hypercorn.protocol.h11.WSStream = _WSStream  # type: ignore[attr-defined]  # not re-exported: the one hook Hypercorn leaves
 hypercorn.protocol.h2.WSStream = _WSStream  # type: ignore[attr-defined]  # not re-exported: the one hook Hypercorn leaves
+
+
+# -- Refusals made by the HTTP layer itself -----------------------------------------------------
+
+HEAD_MAX_BYTES = 16 * 1024
+"""The largest request head (request line and headers) either listener reads (431 past it)."""
+
+_REFUSED = {
+    400: "the request is not HTTP/1.1 that this runner can read",
+    403: "the WebSocket was refused",
+    404: "no such host",
+    431: f"the request's head is over {HEAD_MAX_BYTES} bytes",
+    500: "internal error",
+    501: "only Transfer-Encoding: chunked is supported",
+    505: "HTTP/2 is not served here: use HTTP/1.1",
+}
+
+
+def _refusal(status: int, detail: str | None = None) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and ErrorBody of a refusal the HTTP layer makes; the connection closes after it."""
+    code: ErrorCode = "internal" if status == 500 else "not_found" if status == 404 else "invalid_request"
+    body = json_bytes(ErrorBody(error=code, detail=detail or _REFUSED.get(status)))
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    return headers, body
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+class _H11Protocol(hypercorn.protocol.h11.H11Protocol):
+    """Hypercorn's HTTP/1.1, refusing what it would let through or answer with no body.
+
+    - A request with both ``Content-Length`` and ``Transfer-Encoding`` is ``400`` and the
+      connection closes (RFC 9112 6.3: the two framings disagree, which is how a request is
+      smuggled past a proxy that reads the other one). h11 alone reads the chunked body and
+      keeps the connection, so the bytes after it ran as a second request.
+    - HTTP/2 is not offered: an ``Upgrade: h2c`` is ignored (RFC 9110 7.8 lets a server) and
+      the request is answered in HTTP/1.1; HTTP/2's preface is ``505``.
+    - Every refusal of the layer (a malformed request ``400``, a head over
+      :data:`HEAD_MAX_BYTES` ``431``, a transfer coding other than chunked ``501``) carries an
+      ErrorBody, as every non-2xx answer of the host protocol does.
+    """
+
+    async def handle(self, event: Any) -> None:
+        try:
+            await super().handle(event)
+        except _Refused as refused:
+            await self._refuse(refused.status, refused.detail)
+            await self.send(Closed())
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        names = {name for name, _ in event.headers}  # h11 gives them lower-cased
+        if b"content-length" in names and b"transfer-encoding" in names:
+            raise _Refused(400, "a request may not carry both Content-Length and Transfer-Encoding")
+        if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
+            raise _Refused(505, _REFUSED[505])
+
+    async def _send_error_response(self, status_code: int) -> None:
+        await self._refuse(status_code, None)
+
+    async def _refuse(self, status: int, detail: str | None) -> None:
+        headers, body = _refusal(status, detail)
+        await self._send_h11_event(h11.Response(status_code=status, headers=headers))
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
+
+
+class _HTTPStream(HTTPStream):
+    """Hypercorn's request stream, whose own refusals (a 500 when the app answered nothing) carry an ErrorBody."""
+
+    async def _send_error_response(self, status_code: int) -> None:
+        await _send_refusal(self, status_code)
+        self.state = ASGIHTTPState.CLOSED
+
+
+async def _send_refusal(stream: HTTPStream | WSStream, status: int, detail: str | None = None) -> None:
+    headers, body = _refusal(status, detail)
+    await stream.send(Response(stream_id=stream.stream_id, headers=headers, status_code=status))
+    await stream.send(Body(stream_id=stream.stream_id, data=body))
+    await stream.send(EndBody(stream_id=stream.stream_id))
+
+
+# Hypercorn's protocol wrapper and its HTTP/1.1 protocol name the classes they build: every
+# listener of this process is built here, so each of their connections gets the ones above.
+hypercorn.protocol.H11Protocol = _H11Protocol  # type: ignore[attr-defined]  # not re-exported: the one hook Hypercorn leaves
+hypercorn.protocol.h11.HTTPStream = _HTTPStream  # type: ignore[attr-defined]  # not re-exported: the one hook Hypercorn leaves
 
 
 _BODY_LATE = json.dumps({"error": "invalid_request", "detail": "the request's body did not arrive in time"})
@@ -364,6 +522,35 @@ class _BodyDeadline:
             await send({"type": "http.response.body", "body": body})
 
 
+class _HeadEnds:
+    """ASGI middleware: a ``HEAD`` request's answer ends with its head, and so does its handler.
+
+    Quart answers ``HEAD`` with its ``GET`` handler and Hypercorn drops the body: an endless
+    body (the events stream) then never ended, so its connection took no next request and,
+    since nothing was written, never noticed its reader leave: the connection and its
+    follower were held for good.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        with trio.CancelScope() as handler:
+
+            async def head_send(message: Any) -> None:
+                if handler.cancel_called:
+                    return
+                await send(message)
+                if message["type"] == "http.response.start":
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    handler.cancel()
+
+            await self.app(scope, receive, head_send)
+
+
 async def serve_http(
     app: Any,
     listening: Listening,
@@ -377,7 +564,7 @@ async def serve_http(
     ``limits.shutdown_s`` to finish before they are cut.
     """
     config, limits = listening.config, listening.limits
-    asgi = wrap_app(_BodyDeadline(app, limits.body_s), config.wsgi_max_body_size, "asgi")
+    asgi = wrap_app(_HeadEnds(_BodyDeadline(app, limits.body_s)), config.wsgi_max_body_size, "asgi")
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(asgi, config, lifespan_state)
     context = WorkerContext(None)

@@ -40,13 +40,70 @@ from ._client import RunnerUnreachable as RunnerUnreachable
 from ._errors import ERRORS as ERRORS
 from ._errors import UnknownError as UnknownError
 from ._errors import error_from_answer as error_from_answer
+from ._failover import CallLost as CallLost
+from ._failover import CallMoved as CallMoved
+from ._failover import Failover as Failover
+from ._failover import FailoverEvent as FailoverEvent
+from ._follow import KNOWN_CLASSES as KNOWN_CLASSES
 from ._follow import EventFollower as EventFollower
 from ._follow import EventsCursor as EventsCursor
 from ._follow import FollowItem as FollowItem
 from ._follow import FollowStats as FollowStats
 from ._follow import Lost as Lost
 from ._follow import SeqGap as SeqGap
-from ._pool import NoRunnerAvailable as NoRunnerAvailable
-from ._pool import Placement as Placement
+from ._livekit import LiveKitRefused as LiveKitRefused
+from ._livekit import LiveKitRooms as LiveKitRooms
+from ._livekit import RoomParticipant as RoomParticipant
 from ._pool import RunnerPool as RunnerPool
-from ._pool import RunnerState as RunnerState
+from ._state import NoRunnerAvailable as NoRunnerAvailable
+from ._state import Placement as Placement
+from ._state import RunnerState as RunnerState
+
+__all__ = [
+    "ERRORS",
+    "KNOWN_CLASSES",
+    "CallLost",
+    "CallMoved",
+    "CursorTooOld",
+    "EventFollower",
+    "EventsCursor",
+    "Failover",
+    "FailoverEvent",
+    "FollowItem",
+    "FollowStats",
+    "GenerationMismatch",
+    "HandlerFailed",
+    "HostMessage",
+    "Internal",
+    "InvalidPayload",
+    "InvalidRequest",
+    "InvalidSettings",
+    "JournalRecord",
+    "LiveKitRefused",
+    "LiveKitRooms",
+    "Lost",
+    "NoHandler",
+    "NoJournal",
+    "NoRunnerAvailable",
+    "NotAdjustable",
+    "NotFound",
+    "Placement",
+    "RoomParticipant",
+    "RunnerAtCapacity",
+    "RunnerClient",
+    "RunnerDraining",
+    "RunnerError",
+    "RunnerPool",
+    "RunnerState",
+    "RunnerTakesNoCalls",
+    "RunnerUnreachable",
+    "SeqGap",
+    "SessionNotFound",
+    "SessionUpdate",
+    "StartCallRequest",
+    "StartFailed",
+    "Unauthorized",
+    "UnknownError",
+    "UnknownVersion",
+    "error_from_answer",
+]

@@ -228,7 +228,9 @@ class RunnerClient:
             silence_timeout_s: Reconnect when no line (record or ping) came for this long;
                 keep it a comfortable multiple of the runner's ping interval (15 s).
             classes: Yield only records of these classes and count the rest as skipped
-                (the protocol asks readers to skip classes they do not know). None: all.
+                (the protocol asks readers to skip classes they do not know). None: the
+                protocol's own classes (:data:`KNOWN_CLASSES`); name a newer class here to
+                receive it.
             max_backoff_s: The longest wait between reconnection attempts.
         """
         from ._follow import EventFollower

@@ -30,6 +30,9 @@ class _Client(Protocol):
     http: httpx.AsyncClient
 
 
+KNOWN_CLASSES = frozenset({"lifecycle", "conversation", "host"})
+"""The record classes of host protocol 1.0: a follower yields these unless told others."""
+
 MAX_PRODUCERS = 100_000
 """How many producers' last seqs a cursor keeps (the least recently seen are forgotten)."""
 
@@ -101,7 +104,8 @@ class FollowStats:
         connects: Streams opened (the first and every reconnect).
         silences: Reconnects because no line came within the silence deadline.
         duplicates: Records dropped as already seen (by envelope or by producer and seq).
-        skipped: Records of classes not asked for, by class.
+        skipped: Records of classes not asked for (by default, classes the protocol does
+            not name), by class.
         pings: Heartbeats read.
     """
 
@@ -148,7 +152,7 @@ class EventFollower:
             self._envelope = from_ or 0
             self._seqs = {}
         self._on_too_old = on_cursor_too_old
-        self._classes = frozenset(classes) if classes is not None else None
+        self._classes = frozenset(classes) if classes is not None else KNOWN_CLASSES
         self._max_backoff_s = max_backoff_s
         self._timeout = httpx.Timeout(10.0, read=silence_timeout_s)
         self._pending: deque[FollowItem] = deque()
@@ -223,7 +227,7 @@ class EventFollower:
             seqs[producer] = seq
             if len(seqs) > MAX_PRODUCERS:
                 del seqs[next(iter(seqs))]
-        wanted = self._classes is None or record.cls in self._classes
+        wanted = record.cls in self._classes
         if not wanted:
             self.stats.skipped[record.cls] = self.stats.skipped.get(record.cls, 0) + 1
         if contiguous and (last is None or seq == last + 1):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
 import anyio
-import attrs
 import httpx
 
 from ..errors import (
@@ -21,6 +21,7 @@ from ..errors import (
     UnknownVersion,
 )
 from ..wire import (
+    HistoryTurn,
     HostMessage,
     HostMessageAccepted,
     JournalRecord,
@@ -33,71 +34,10 @@ from ..wire import (
     WireError,
 )
 from ._client import DEFAULT_TIMEOUT, RunnerClient, RunnerUnreachable
+from ._failover import CallMover, Failover
+from ._state import HeldCall, NoRunnerAvailable, PlacedCalls, Placement, RunnerState
 
 log = logging.getLogger("runner.host")
-
-
-@attrs.define(kw_only=True)
-class RunnerState:
-    """What the pool believes about one runner, from its answers, ``/health``, ``/v1/runner``
-    and its events stream's lifecycle records.
-
-    Attributes:
-        url: The runner's base URL.
-        up: Whether it answered last time (None: not asked yet).
-        draining: It said ``runner_draining`` or wrote a ``draining`` record; it takes no calls
-            until it restarts (a ``ready`` record).
-        incompatible: It speaks another protocol version, or takes no calls at all.
-        full: It answered ``runner_at_capacity`` since its capacity was last seen free.
-        max_sessions: From its last status.
-        active_sessions: From its last status, plus the calls placed and ended since.
-    """
-
-    url: str
-    up: bool | None = None
-    draining: bool = False
-    incompatible: bool = False
-    full: bool = False
-    max_sessions: int | None = None
-    active_sessions: int | None = None
-    # What the pool learned here (a placement, a refusal, a lifecycle record, a call ended)
-    # since a status was asked for: that status is older, so it must not overwrite it.
-    changes: int = attrs.field(default=0, repr=False)
-
-    @property
-    def free(self) -> int | None:
-        """Calls it can still take, as far as the pool knows (None: unknown)."""
-        if self.full:
-            return 0
-        if self.max_sessions is None or self.active_sessions is None:
-            return None
-        return max(0, self.max_sessions - self.active_sessions)
-
-    @property
-    def placeable(self) -> bool:
-        return not self.draining and not self.incompatible
-
-
-@attrs.frozen(kw_only=True)
-class Placement:
-    """Where a call landed. ``response.accepted`` is false when it was already there."""
-
-    runner: str
-    response: StartCallResponse
-
-
-class NoRunnerAvailable(Exception):
-    """Every runner refused the call, or could not be reached.
-
-    Attributes:
-        refusals: Each runner asked, and what it answered (a ``RunnerError`` or
-            ``RunnerUnreachable``). Runners the pool skipped (draining, incompatible) are absent.
-    """
-
-    def __init__(self, session_id: str, refusals: Mapping[str, Exception]) -> None:
-        reasons = ", ".join(f"{url}: {getattr(e, 'code', type(e).__name__)}" for url, e in refusals.items())
-        super().__init__(f"no runner took {session_id!r} ({reasons or 'none could be asked'})")
-        self.refusals = dict(refusals)
 
 
 class RunnerPool:
@@ -122,6 +62,7 @@ class RunnerPool:
         watch_interval_s: How often to refresh each runner's status; None: never watch
             (the pool then learns only from the answers it gets).
         lost_answer_attempts: How often to resend a start whose answer was lost.
+        failover: Pick up the calls of a runner that dies on the others (None: don't).
     """
 
     def __init__(
@@ -132,6 +73,7 @@ class RunnerPool:
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         watch_interval_s: float | None = 5.0,
         lost_answer_attempts: int = 5,
+        failover: Failover | None = None,
     ) -> None:
         if not urls:
             raise ValueError("a pool needs at least one runner")
@@ -142,18 +84,32 @@ class RunnerPool:
             secret = token if isinstance(token, str) else token[raw]
             self._clients[url] = RunnerClient(url, token=secret, timeout=timeout)
             self._states[url] = RunnerState(url=url)
-        self._holders: dict[str, str] = {}
         self._watch_interval_s = watch_interval_s
         self._lost_answer_attempts = lost_answer_attempts
         self._tasks: anyio.abc.TaskGroup | None = None
+        self._calls = PlacedCalls()
+        self._mover = (
+            CallMover(
+                failover,
+                clients=self._clients,
+                states=self._states,
+                calls=self._calls,
+                start_call=self.start_call,
+            )
+            if failover is not None
+            else None
+        )
 
     async def __aenter__(self) -> RunnerPool:
-        if self._watch_interval_s is not None:
+        if self._watch_interval_s is not None or self._mover is not None:
             self._tasks = anyio.create_task_group()
             await self._tasks.__aenter__()
             for url in self._clients:
-                self._tasks.start_soon(self._watch_status, url)
+                if self._watch_interval_s is not None:
+                    self._tasks.start_soon(self._watch_status, url)
                 self._tasks.start_soon(self._watch_events, url)
+                if self._mover is not None:
+                    self._tasks.start_soon(self._mover.watch_health, url)
         return self
 
     async def __aexit__(
@@ -179,7 +135,16 @@ class RunnerPool:
 
     def runner_for(self, session_id: str) -> str | None:
         """The runner the pool placed (or found) ``session_id`` on, if it knows one."""
-        return self._holders.get(session_id)
+        return self._calls.holders.get(session_id)
+
+    def superseded(self, url: str, record: JournalRecord) -> bool:
+        """Whether ``record`` of runner ``url`` belongs to a call that has since moved on.
+
+        A runner that died and comes back closes the calls it held (``curb.ended``,
+        ``runner_crashed``); for a call the pool moved, that record is not the call's end.
+        """
+        moved = self._calls.moved.get(record.producer)
+        return moved is not None and moved[0] == url.rstrip("/")
 
     # -- Placement -----------------------------------------------------------------------------
 
@@ -228,7 +193,10 @@ class RunnerPool:
                 refusals[state.url] = exc
             else:
                 state.up = True
-                self._holders[request.session_id] = state.url
+                self._calls.holders[request.session_id] = state.url
+                if self._mover is not None and request.session_id not in self._calls.held:
+                    history = request.resume.history if request.resume is not None else ()
+                    self._calls.held[request.session_id] = HeldCall(request=request, history=deque(history))
                 if response.accepted and state.active_sessions is not None:
                     state.active_sessions += 1
                 state.changes += 1
@@ -265,7 +233,7 @@ class RunnerPool:
 
     async def _holder(self, session_id: str) -> str | None:
         """The runner holding ``session_id``: remembered, else found in the runners' statuses."""
-        url = self._holders.get(session_id)
+        url = self._calls.holders.get(session_id)
         if url is not None:
             return url
         found: list[str] = []
@@ -282,7 +250,7 @@ class RunnerPool:
             for url in self._clients:
                 tasks.start_soon(look, url)
         if found:
-            self._holders[session_id] = found[0]
+            self._calls.holders[session_id] = found[0]
             return found[0]
         return None
 
@@ -292,17 +260,13 @@ class RunnerPool:
             raise SessionNotFound(f"no runner of the pool holds {session_id!r}")
         return url, self._clients[url]
 
-    def _forget(self, session_id: str, url: str) -> None:
-        if self._holders.get(session_id) == url:
-            del self._holders[session_id]
-
     async def get_call(self, session_id: str) -> LiveCall:
         """The call's state on the runner that holds it. Raises SessionNotFound."""
         url, client = await self._on_holder(session_id)
         try:
             return await client.get_call(session_id)
         except SessionNotFound:
-            self._forget(session_id, url)
+            self._calls.forget(session_id, url)
             raise
 
     async def stop_call(
@@ -313,7 +277,7 @@ class RunnerPool:
         if url is None:
             return StopCallResponse(session_id=session_id, stopped=False)
         response = await self._clients[url].stop_call(session_id, reason=reason, grace_ms=grace_ms)
-        self._forget(session_id, url)
+        self._calls.forget(session_id, url)
         return response
 
     async def send_message(self, session_id: str, message: HostMessage) -> HostMessageAccepted:
@@ -322,7 +286,7 @@ class RunnerPool:
         try:
             return await client.send_message(session_id, message)
         except SessionNotFound:
-            self._forget(session_id, url)
+            self._calls.forget(session_id, url)
             raise
 
     async def update_settings(self, session_id: str, update: SessionUpdate) -> SessionSettingsResponse:
@@ -331,7 +295,7 @@ class RunnerPool:
         try:
             return await client.update_settings(session_id, update)
         except SessionNotFound:
-            self._forget(session_id, url)
+            self._calls.forget(session_id, url)
             raise
 
     # -- Watching --------------------------------------------------------------------------------
@@ -384,6 +348,17 @@ class RunnerPool:
 
     def _saw(self, url: str, record: JournalRecord) -> None:
         state = self._states[url]
+        if self.superseded(url, record):
+            return  # the call lives on elsewhere: its old runner's last word on it is not news
+        held = self._calls.held.get(record.producer)
+        if (
+            held is not None
+            and record.body.get("type") == "turn"
+            and self._calls.holders.get(record.producer) == url
+        ):
+            role, text = record.body.get("role"), record.body.get("text")
+            if role in ("user", "assistant") and isinstance(text, str):
+                held.history.append(HistoryTurn(role=role, text=text))
         if record.cls == "lifecycle":
             state.changes += 1
             event = record.body.get("event")
@@ -394,10 +369,24 @@ class RunnerPool:
             elif event == "ready":
                 state.up, state.draining, state.full = True, False, False
                 state.active_sessions = 0
-                for session_id in [s for s, holder in self._holders.items() if holder == url]:
-                    del self._holders[session_id]
+                # A restart: the calls it held died with the process before it.
+                if self._mover is not None and self._tasks is not None and (lost := self._calls.held_on(url)):
+                    self._tasks.start_soon(self._mover.move_calls_of, url, lost)
+                for session_id in [s for s, holder in self._calls.holders.items() if holder == url]:
+                    del self._calls.holders[session_id]
         elif record.body.get("name") == "curb.ended":
-            self._forget(record.producer, url)
+            payload = record.body.get("payload")
+            crashed = isinstance(payload, dict) and payload.get("reason") == "runner_crashed"
+            if (
+                crashed
+                and self._mover is not None
+                and self._tasks is not None
+                and record.producer in self._calls.held
+            ):
+                # Its runner restarted before its silence was long enough to notice.
+                self._tasks.start_soon(self._mover.move_calls_of, url, [record.producer])
+            else:
+                self._calls.forget(record.producer, url)
             state.full = False
             state.changes += 1
             if state.active_sessions:

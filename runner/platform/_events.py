@@ -1,4 +1,4 @@
-"""What a conversation reports to the people in it: the turn engine's events, and its own.
+"""What a conversation reports to the people in it: its turns' events, and its own.
 
 A transport turns these into whatever its callers read (the agent WebSocket: ``ino.v2``
 frames). Nothing here knows a socket or a frame.
@@ -6,31 +6,14 @@ frames). Nothing here knows a socket or a frame.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
 from journal import KnowledgeHit, RelationRow, Spent
 
-from ..voice.engine import (
-    AudioData,
-    AudioEnd,
-    AudioStart,
-    Heard,
-    Muted,
-    ReplyChunk,
-    ReplyDelta,
-    SpeechFailed,
-    Thought,
-    ToolConfirmRequested,
-    ToolRecord,
-    TurnResult,
-    UsageReported,
-)
+from ..voice.events import ToolKind, ToolRecord, TurnEvent, TurnResult
 
-# Whose tool a call is: the platform's own, the app's (run on the caller's side), or the
-# agent's (run by the runner, a webhook to the app's view).
-ToolKind = Literal["platform", "app", "webhook"]
 # Where a turn was when it failed.
 Stage = Literal["transcription", "model", "speech"]
 
@@ -46,12 +29,6 @@ class Joined:
     moods: bool
     relation: RelationRow | None
     greeting: bool
-
-
-@attrs.frozen(kw_only=True)
-class TurnOpened:
-    turn: str
-    conversation_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -78,56 +55,6 @@ class KnowledgeSearched:
     via: Literal["first", "tool"]
     outcome: Literal["found", "none", "failed"]
     hits: tuple[KnowledgeHit, ...]
-
-
-@attrs.frozen(kw_only=True)
-class MoodJudged:
-    """How the agent feels in its reply so far: once its text is written, before the usage."""
-
-    turn: str
-    mood: str
-    intensity: float
-
-
-@attrs.frozen(kw_only=True)
-class ToolOpened:
-    turn: str
-    call_id: str
-    name: str
-    kind: ToolKind
-
-
-@attrs.frozen(kw_only=True)
-class ToolClosed:
-    """A tool call ended; one cut short by the turn's end closes with ``ok=False``."""
-
-    turn: str
-    call_id: str
-    name: str
-    kind: ToolKind
-    ok: bool
-    ms: int
-
-
-@attrs.frozen(kw_only=True)
-class AppToolCalled:
-    """The model called a tool the participant's app runs; its answer goes to :meth:`app_result`."""
-
-    turn: str
-    call_id: str
-    name: str
-    arguments: dict[str, Any]
-    action_only: bool
-    timeout_ms: int
-
-
-@attrs.frozen(kw_only=True)
-class BargedIn:
-    """A recording heard the person over the agent; their running turn (``turn``) is cancelled."""
-
-    text: str
-    recording_id: str | None
-    turn: str | None
 
 
 @attrs.frozen(kw_only=True)
@@ -183,30 +110,8 @@ class Charged:
     spent: Spent
 
 
+# A conversation tells its people what its turns report (the one vocabulary of turn events,
+# passed on with what only the platform knows filled in: a tool's kind) and its own facts.
 ConversationEvent = (
-    Joined
-    | TurnOpened
-    | NoVoice
-    | Refused
-    | KnowledgeSearched
-    | MoodJudged
-    | ToolOpened
-    | ToolClosed
-    | AppToolCalled
-    | BargedIn
-    | TurnFailed
-    | TurnClosed
-    | Compacted
-    | Charged
-    | Heard
-    | Thought
-    | ReplyDelta
-    | ReplyChunk
-    | AudioStart
-    | AudioData
-    | AudioEnd
-    | ToolConfirmRequested
-    | UsageReported
-    | SpeechFailed
-    | Muted
+    TurnEvent | Joined | NoVoice | Refused | KnowledgeSearched | TurnFailed | TurnClosed | Compacted | Charged
 )

@@ -10,15 +10,13 @@ from typing import TYPE_CHECKING
 from journal import UsageRow, now_ms
 
 from ..providers import ChatMessage
-from ..voice.engine import TurnResult
+from ..voice.events import TurnResult
 
 if TYPE_CHECKING:
     from ..agent import Agent
 
 # The rate recordings are heard at when their frame names none.
 HEARING_RATE_HZ = 16_000
-# A recording quieter than this holds no speech (digital silence, a muted microphone).
-SILENCE_DBFS = -70.0
 # The platform's own tools, offered by the agent's options.
 KNOWLEDGE_TOOL = "search_knowledge"
 RELATION_TOOL = "record_relationship"
@@ -48,10 +46,6 @@ def new_session_id() -> str:
         | secrets.randbits(62)
     )
     return str(uuid.UUID(int=value))
-
-
-def words(text: str) -> set[str]:
-    return set(_WORD.findall(text.lower()))
 
 
 def with_stop(text: str) -> str:

@@ -15,8 +15,9 @@ import trio
 from journal import AgentStore, ConversationRow, RelationRow, Spent, StoredMessage, TokenRow, now_ms
 
 from ..errors import NotFound, RunnerError, Unauthorized
-from ._conversation import Conversation, chat_message
+from ._conversation import Conversation
 from ._events import Compacted
+from ._history import chat_message
 from ._rules import agent_id_of, new_session_id, summarise, transcription_row
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ class Platform:
         if live is not None and live.runtime is not None and not live.closed:
             if live.turn is not None or live.runtime.busy:
                 raise TurnRunning("a turn of this conversation is running; compact it after turn.done")
-            compacted = await live.compact("manual")
+            compacted = await live.history.compact("manual")
             if compacted is not None:
                 live.announce_compacted(compacted)
             return compacted

@@ -1,4 +1,5 @@
-"""Model providers: chat models (LLM), speech to text (STT) and text to speech (TTS).
+"""Model providers: chat models (``ChatModel``), recognizers (``Recognizer``, speech to text) and
+synthesizers (``Synthesizer``, text to speech).
 
 The shapes every provider speaks come from ``_types``; each service lives in its own module.
 ``make_llm``, ``make_stt`` and ``make_tts`` build providers from configuration. The offline speech engines
@@ -9,20 +10,28 @@ options) load native libraries and models, so they are imported on first use.
 import importlib as _importlib
 import typing as _typing
 
-from ._types import LLM as LLM
-from ._types import STT as STT
-from ._types import TTS as TTS
+from . import _registry
+from ._registry import chat_model as chat_model
+from ._registry import recognizer as recognizer
+from ._registry import synthesizer as synthesizer
 from ._types import ChatMessage as ChatMessage
+from ._types import ChatModel as ChatModel
 from ._types import LLMEvent as LLMEvent
 from ._types import ProviderError as ProviderError
+from ._types import Recognizer as Recognizer
 from ._types import Role as Role
+from ._types import SpeechStream as SpeechStream
+from ._types import Synthesizer as Synthesizer
 from ._types import TextDelta as TextDelta
+from ._types import ThoughtDelta as ThoughtDelta
 from ._types import ToolCall as ToolCall
 from ._types import ToolSpec as ToolSpec
 from ._types import Transcript as Transcript
 from ._types import Usage as Usage
+from ._types import reports_thoughts as reports_thoughts
 from .anthropic import AnthropicLLM as AnthropicLLM
 from .azure import AzureSTT as AzureSTT
+from .kugelaudio import KugelAudioLLM as KugelAudioLLM
 from .kugelaudio import KugelAudioTTS as KugelAudioTTS
 from .kugelaudio import KugelAudioVoice as KugelAudioVoice
 from .local import LocalLLM as LocalLLM
@@ -36,12 +45,52 @@ if _typing.TYPE_CHECKING:
     from .pocketsphinx import PocketsphinxSTT as PocketsphinxSTT
     from .whisper import WhisperSTT as WhisperSTT
 
+__all__ = [
+    "LLM_PROVIDERS",
+    "STT_PROVIDERS",
+    "TTS_PROVIDERS",
+    "AnthropicLLM",
+    "AzureSTT",
+    "ChatMessage",
+    "ChatModel",
+    "EspeakTTS",
+    "HibariTTS",
+    "KugelAudioLLM",
+    "KugelAudioTTS",
+    "KugelAudioVoice",
+    "LLMEvent",
+    "LocalLLM",
+    "OpenAILLM",
+    "OpenAISTT",
+    "OpenAITTS",
+    "PocketsphinxSTT",
+    "ProviderError",
+    "Recognizer",
+    "Role",
+    "SpeechStream",
+    "Synthesizer",
+    "TextDelta",
+    "ThoughtDelta",
+    "ToolCall",
+    "ToolSpec",
+    "Transcript",
+    "Usage",
+    "WhisperSTT",
+    "chat_model",
+    "make_llm",
+    "make_stt",
+    "make_tts",
+    "recognizer",
+    "reports_thoughts",
+    "synthesizer",
+]
+
 #: The providers ``make_llm`` knows.
-LLM_PROVIDERS = ("openai", "anthropic", "openai-compatible", "local")
+LLM_PROVIDERS = _registry.names("llm")
 #: The providers ``make_tts`` knows.
-TTS_PROVIDERS = ("hibari", "espeak", "openai", "kugelaudio")
+TTS_PROVIDERS = _registry.names("tts")
 #: The providers ``make_stt`` knows.
-STT_PROVIDERS = ("whisper", "pocketsphinx", "openai", "azure")
+STT_PROVIDERS = _registry.names("stt")
 
 #: Names whose modules load native engines: imported on first use.
 _LAZY = {
@@ -67,48 +116,37 @@ def __dir__() -> list[str]:
 
 def make_llm(
     provider: str, model: str, *, base_url: str | None = None, api_key_env: str | None = None
-) -> LLM:
+) -> ChatModel:
     """Build the chat model a configuration names.
 
-    Keys come from the environment (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, or for an
-    OpenAI-compatible endpoint only the variable named by ``api_key_env``); a missing key
-    surfaces as ``ProviderError("unauthorized")`` on the first call, not here.
+    Keys come from the environment (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``,
+    ``KUGELAUDIO_API_KEY``, or for an OpenAI-compatible endpoint only the variable named by
+    ``api_key_env``); a missing key surfaces as ``ProviderError("unauthorized")`` on the first
+    call, not here.
 
     Args:
-        provider: ``"openai"``, ``"anthropic"``, ``"openai-compatible"`` or ``"local"``.
+        provider: ``"openai"``, ``"anthropic"``, ``"openai-compatible"``, ``"kugelaudio"`` (an
+            OpenAI-compatible client of KugelAudio's API: ``KugelAudioLLM``) or ``"local"``.
         model: The model name the service knows (any label for ``"local"``).
         base_url: The API root; required for ``"openai-compatible"``, optional otherwise,
             ignored for ``"local"``.
         api_key_env: The environment variable holding the key, overriding the default.
 
     Returns:
-        An object implementing ``LLM``.
+        An object implementing ``ChatModel``.
 
     Raises:
         ValueError: for an unknown provider, or ``"openai-compatible"`` without ``base_url``.
     """
-    if provider == "openai":
-        return OpenAILLM(
-            model,
-            base_url=base_url or "https://api.openai.com/v1",
-            api_key_env=api_key_env,
-        )
-    if provider == "openai-compatible":
-        if not base_url:
-            raise ValueError("provider 'openai-compatible' needs a base_url")
-        return OpenAILLM(model, base_url=base_url, provider="openai-compatible", api_key_env=api_key_env)
-    if provider == "anthropic":
-        return AnthropicLLM(
-            model,
-            base_url=base_url or "https://api.anthropic.com",
-            api_key_env=api_key_env or "ANTHROPIC_API_KEY",
-        )
-    if provider == "local":
-        return LocalLLM(model)
-    raise ValueError(f"unknown LLM provider {provider!r}; expected one of {', '.join(LLM_PROVIDERS)}")
+    declared = _registry.chat_model(provider)
+    if declared is None:
+        raise ValueError(f"unknown LLM provider {provider!r}; expected one of {', '.join(LLM_PROVIDERS)}")
+    if declared.needs_base_url and not base_url:
+        raise ValueError(f"provider {provider!r} needs a base_url")
+    return declared.build(model, base_url=base_url, api_key_env=api_key_env)
 
 
-def make_tts(provider: str, *, voice: str | int | None = None, model: str | None = None) -> TTS:
+def make_tts(provider: str, *, voice: str | int | None = None, model: str | None = None) -> Synthesizer:
     """Build the text-to-speech engine a configuration names.
 
     Keys and regions come from the environment (``OPENAI_API_KEY``, ``KUGELAUDIO_API_KEY``);
@@ -123,60 +161,40 @@ def make_tts(provider: str, *, voice: str | int | None = None, model: str | None
         model: The speech model (ignored by hibari and espeak); the provider's default when ``None``.
 
     Returns:
-        An object implementing ``TTS``.
+        An object implementing ``Synthesizer``.
 
     Raises:
         ProviderError: ``invalid_settings`` for a voice the provider cannot use.
         ValueError: for a provider with no TTS here.
     """
-    if provider == "hibari":
-        from .hibari import HibariTTS
-
-        return HibariTTS(voice)
-    if provider == "espeak":
-        from .espeak import EspeakTTS
-
-        return EspeakTTS(voice)
-    if provider == "openai":
-        if voice is not None and not isinstance(voice, str):
-            raise ProviderError("invalid_settings", f"OpenAI voices are names, got {voice!r}")
-        return OpenAITTS(model or "gpt-4o-mini-tts", voice=voice or "alloy")
-    if provider == "kugelaudio":
-        if voice is None:
-            raise ProviderError("invalid_settings", "KugelAudio needs a numeric voice id (see list_voices)")
-        return KugelAudioTTS(voice, model=model)
-    raise ValueError(f"unknown TTS provider {provider!r}; expected one of {', '.join(TTS_PROVIDERS)}")
+    declared = _registry.synthesizer(provider)
+    if declared is None:
+        raise ValueError(f"unknown TTS provider {provider!r}; expected one of {', '.join(TTS_PROVIDERS)}")
+    return declared.build(voice, model=model)
 
 
-def make_stt(provider: str, *, language: str | None = None) -> STT:
+def make_stt(provider: str, *, language: str | None = None) -> Recognizer:
     """Build the speech-to-text engine a configuration names.
 
     Args:
-        provider: ``"whisper"`` (offline, Whisper tiny.en, English only: the embedded default),
+        provider: ``"whisper"`` (offline, Whisper tiny.en for English: the embedded default;
+            Whisper base for the other languages it knows, with the ``multilingual`` extra),
             ``"pocketsphinx"`` (offline, light, English only), ``"openai"`` or ``"azure"``
             (region from ``AZURE_SPEECH_REGION``, key from ``AZURE_SPEECH_KEY``).
-        language: The language: ``"en"`` for whisper and pocketsphinx, an ISO-639-1 hint (or ``None``
+        language: The language: ``"en"`` for pocketsphinx, ``"en"`` or (with the
+            ``multilingual`` extra) any language Whisper knows for whisper, an ISO-639-1 hint (or ``None``
             to detect) for OpenAI, a locale such as ``"de-DE"`` for Azure (default
             ``"en-US"``; a bare ``"de"`` means ``"de-DE"``).
 
     Returns:
-        An object implementing ``STT``.
+        An object implementing ``Recognizer``.
 
     Raises:
         ProviderError: ``invalid_settings`` for a language the engine cannot recognise, or
             Azure without a region.
         ValueError: for a provider with no STT here.
     """
-    if provider == "whisper":
-        from .whisper import WhisperSTT
-
-        return WhisperSTT(language)
-    if provider == "pocketsphinx":
-        from .pocketsphinx import PocketsphinxSTT
-
-        return PocketsphinxSTT(language)
-    if provider == "openai":
-        return OpenAISTT(language=language.split("-")[0].lower() if language else None)
-    if provider == "azure":
-        return AzureSTT(language or "en-US")
-    raise ValueError(f"unknown STT provider {provider!r}; expected one of {', '.join(STT_PROVIDERS)}")
+    declared = _registry.recognizer(provider)
+    if declared is None:
+        raise ValueError(f"unknown STT provider {provider!r}; expected one of {', '.join(STT_PROVIDERS)}")
+    return declared.build(language)

@@ -7,6 +7,7 @@ turns these into its service's wire format and back.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
@@ -57,7 +58,7 @@ class TextDelta:
 class ThoughtDelta:
     """A piece of the model's thinking summary: never part of the reply.
 
-    Only a provider that reports its thinking (``reports_thoughts``, see :class:`LLM`) and
+    Only a provider that reports its thinking (``reports_thoughts``, see :class:`ChatModel`) and
     was asked for it (``stream(..., thoughts=True)``) yields these, before the text they
     led to.
     """
@@ -93,7 +94,7 @@ class ProviderError(Exception):
 
 
 @runtime_checkable
-class LLM(Protocol):
+class ChatModel(Protocol):
     """A chat model that streams.
 
     Thinking summaries are optional and outside the protocol: a provider that can report its
@@ -129,20 +130,50 @@ class Transcript:
     audio_seconds: float
 
 
-@runtime_checkable
-class STT(Protocol):
-    """Speech to text over 16-bit signed little-endian mono PCM."""
+class SpeechStream(Protocol):
+    """One utterance recognized as its audio arrives: ``async with stt.open_stream(rate) as stream``."""
 
-    provider: str
-    language: str | None
+    async def __aenter__(self) -> SpeechStream: ...
 
-    async def transcribe(self, pcm: bytes, sample_rate_hz: int) -> Transcript:
-        """Transcribe one whole utterance."""
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+    async def feed(self, pcm: bytes) -> str | None:
+        """Take more audio; return the words so far when they changed (else ``None``)."""
+        ...
+
+    async def finish(self) -> Transcript:
+        """No more audio: the whole utterance's transcript."""
         ...
 
 
 @runtime_checkable
-class TTS(Protocol):
+class Recognizer(Protocol):
+    """Speech to text over 16-bit signed little-endian mono PCM, batch and maybe streaming."""
+
+    provider: str
+    language: str | None
+
+    async def transcribe(self, pcm: bytes, sample_rate_hz: int, *, prompt: str = "") -> Transcript:
+        """Transcribe one whole utterance.
+
+        ``prompt``: words the speech likely holds, spelled as they should be written (Whisper's
+        previous-text prompt, OpenAI's ``prompt``); a recognizer that takes no hint ignores it.
+        """
+        ...
+
+    def open_stream(self, sample_rate_hz: int) -> SpeechStream | None:
+        """A stream that hears an utterance as it arrives; ``None``: this one takes whole utterances only.
+
+        Raises:
+            ValueError: It cannot take audio at ``sample_rate_hz``.
+        """
+        ...
+
+
+@runtime_checkable
+class Synthesizer(Protocol):
     """Text to speech, yielding 16-bit signed little-endian mono PCM at ``sample_rate_hz``."""
 
     provider: str

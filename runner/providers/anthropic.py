@@ -14,6 +14,18 @@ from typing import Any
 import attrs
 import httpx
 
+from ._http import (
+    MAX_ERROR_MESSAGE_CHARS,
+    decode_arguments,
+    decode_json_object,
+    drain,
+    env_key,
+    int_or_zero,
+    open_response,
+    redact,
+    sse_events,
+)
+from ._registry import ChatModelProvider
 from ._types import (
     ChatMessage,
     LLMEvent,
@@ -23,17 +35,6 @@ from ._types import (
     ToolCall,
     ToolSpec,
     Usage,
-)
-from .openai import (
-    _MAX_ERROR_MESSAGE_CHARS,
-    _decode_arguments,
-    _decode_json_object,
-    _drain,
-    _env_key,
-    _int,
-    _open_response,
-    _redact,
-    _sse_events,
 )
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -117,7 +118,7 @@ class _MessageStream:
     def feed(self, event: str, data: str) -> list[TextDelta | ThoughtDelta]:
         """Take one event; return its text and thinking (raises ``ProviderError`` on an ``error``
         event). Thinking is returned only when ``thoughts`` was asked for."""
-        payload = _decode_json_object(data, _SERVICE)
+        payload = decode_json_object(data, _SERVICE)
         kind = payload.get("type") or event
         if kind == "message_start":
             message = payload.get("message") or {}
@@ -129,7 +130,7 @@ class _MessageStream:
             block = payload.get("content_block") or {}
             if isinstance(block, Mapping) and block.get("type") == "tool_use":
                 start_input = block.get("input")
-                self.tools[_int(payload.get("index"))] = _ToolBlock(
+                self.tools[int_or_zero(payload.get("index"))] = _ToolBlock(
                     id=str(block.get("id") or ""),
                     name=str(block.get("name") or ""),
                     start_input=start_input if isinstance(start_input, Mapping) else {},
@@ -157,17 +158,17 @@ class _MessageStream:
                     return [ThoughtDelta(text=thought)]
                 return []
             if delta.get("type") == "input_json_delta":
-                tool = self.tools.get(_int(payload.get("index")))
+                tool = self.tools.get(int_or_zero(payload.get("index")))
                 if tool is None:
                     raise ProviderError(
                         "provider_failed", f"{_SERVICE} sent tool input for no tool_use block"
                     )
                 tool.partial_json += str(delta.get("partial_json") or "")
         elif kind == "content_block_stop":
-            tool = self.tools.pop(_int(payload.get("index")), None)
+            tool = self.tools.pop(int_or_zero(payload.get("index")), None)
             if tool is not None:
                 arguments = (
-                    _decode_arguments(tool.partial_json, _SERVICE, tool.name)
+                    decode_arguments(tool.partial_json, _SERVICE, tool.name)
                     if tool.partial_json.strip()
                     else dict(tool.start_input)
                 )
@@ -211,13 +212,17 @@ class _MessageStream:
         if not isinstance(raw, Mapping):
             return
         if any(k in raw for k in ("input_tokens", "cache_read_input_tokens")):
-            cached = _int(raw.get("cache_read_input_tokens"))
-            total = _int(raw.get("input_tokens")) + cached + _int(raw.get("cache_creation_input_tokens"))
+            cached = int_or_zero(raw.get("cache_read_input_tokens"))
+            total = (
+                int_or_zero(raw.get("input_tokens"))
+                + cached
+                + int_or_zero(raw.get("cache_creation_input_tokens"))
+            )
             if total:
                 self.input_tokens = total
                 self.cached_tokens = cached
         if "output_tokens" in raw:
-            self.output_tokens = _int(raw.get("output_tokens"))
+            self.output_tokens = int_or_zero(raw.get("output_tokens"))
 
     def _stream_error(self, payload: Mapping[str, Any]) -> ProviderError:
         error = payload.get("error") or {}
@@ -226,7 +231,7 @@ class _MessageStream:
         code, retryable = _STREAM_ERRORS.get(kind, ("provider_failed", False))
         if code == "unauthorized":
             return ProviderError(code, f"{_SERVICE} refused the credentials ({kind})")
-        message = _redact(message, self.secret)[:_MAX_ERROR_MESSAGE_CHARS]
+        message = redact(message, self.secret)[:MAX_ERROR_MESSAGE_CHARS]
         return ProviderError(code, f"{_SERVICE} failed mid-stream ({kind}): {message}", retryable=retryable)
 
 
@@ -281,7 +286,7 @@ class AnthropicLLM:
         self.max_stream_s = max_stream_s
         self._http = http
         self._api_key_env = api_key_env
-        self._api_key = api_key if api_key is not None else _env_key(api_key_env)
+        self._api_key = api_key if api_key is not None else env_key(api_key_env)
 
     @property
     def missing_key(self) -> str | None:
@@ -339,7 +344,7 @@ class AnthropicLLM:
                 "unauthorized", f"no API key for Anthropic: set {self._api_key_env} or pass api_key"
             )
         state = _MessageStream(model=self.model, secret=self._api_key, thoughts=thoughts)
-        async with _open_response(
+        async with open_response(
             self._http,
             _SERVICE,
             f"{self.base_url}/v1/messages",
@@ -351,7 +356,7 @@ class AnthropicLLM:
             secret=self._api_key,
             json_body=self.request_body(messages, tools, thoughts=thoughts),
         ) as response:
-            events = _sse_events(response, _SERVICE, max_stream_s=self.max_stream_s)
+            events = sse_events(response, _SERVICE, max_stream_s=self.max_stream_s)
             async with aclosing(events):
                 async for event in events:
                     for delta in state.feed(event.event, event.data):
@@ -359,6 +364,15 @@ class AnthropicLLM:
                     if state.done:
                         break
                 if state.done:
-                    await _drain(events)
+                    await drain(events)
         for final in state.finish():
             yield final
+
+
+def _build(model: str, *, base_url: str | None, api_key_env: str | None) -> AnthropicLLM:
+    return AnthropicLLM(
+        model, base_url=base_url or ANTHROPIC_BASE_URL, api_key_env=api_key_env or "ANTHROPIC_API_KEY"
+    )
+
+
+PROVIDES = (ChatModelProvider(name="anthropic", build=_build),)

@@ -15,16 +15,17 @@ from typing import Any
 import httpx
 
 from ..voice.audio import resample_s16le
-from ._types import ProviderError, Transcript
-from .openai import (
-    _decode_json_object,
-    _env_key,
-    _maybe_client,
-    _read_capped,
-    _status_error,
-    _transport_error,
-    _wav,
+from ._http import (
+    decode_json_object,
+    env_key,
+    maybe_client,
+    read_capped,
+    status_error,
+    transport_error,
+    wav,
 )
+from ._registry import RecognizerProvider
+from ._types import ProviderError, Transcript
 
 AZURE_SPEECH_KEY_ENV = "AZURE_SPEECH_KEY"
 AZURE_SPEECH_REGION_ENV = "AZURE_SPEECH_REGION"
@@ -104,7 +105,7 @@ class AzureSTT:
             )
         self.language: str | None = locale
         if base_url is None:
-            region = region if region is not None else _env_key(AZURE_SPEECH_REGION_ENV)
+            region = region if region is not None else env_key(AZURE_SPEECH_REGION_ENV)
             if not region:
                 raise ProviderError(
                     "invalid_settings",
@@ -117,7 +118,7 @@ class AzureSTT:
         self.region = region
         self.base_url = base_url.rstrip("/")
         self._http = http
-        self._api_key = api_key if api_key is not None else _env_key(AZURE_SPEECH_KEY_ENV)
+        self._api_key = api_key if api_key is not None else env_key(AZURE_SPEECH_KEY_ENV)
 
     @property
     def missing_key(self) -> str | None:
@@ -132,8 +133,13 @@ class AzureSTT:
         """Whether ``language`` names a locale (or a bare code with a default locale)."""
         return _locale(language) is not None
 
-    async def transcribe(self, pcm: bytes, sample_rate_hz: int) -> Transcript:
+    def open_stream(self, sample_rate_hz: int) -> None:
+        """None: the service takes whole utterances only (see :meth:`transcribe`)."""
+        return None
+
+    async def transcribe(self, pcm: bytes, sample_rate_hz: int, *, prompt: str = "") -> Transcript:
         """Transcribe one utterance of 16-bit little-endian mono PCM (resampled to 16 kHz).
+        The short-audio REST API takes no hint: ``prompt`` is ignored.
 
         Silence or unintelligible speech (``NoMatch`` and the timeouts) gives empty text.
 
@@ -157,30 +163,30 @@ class AzureSTT:
             "content-type": "audio/wav; codecs=audio/pcm; samplerate=16000",
             "accept": "application/json",
         }
-        async with _maybe_client(self._http) as client:
+        async with maybe_client(self._http) as client:
             request = client.build_request(
                 "POST",
                 f"{self.base_url}{_PATH}?{query}",
                 headers=headers,
-                content=_wav(audio, AZURE_STT_SAMPLE_RATE_HZ),
+                content=wav(audio, AZURE_STT_SAMPLE_RATE_HZ),
             )
             try:
                 response = await client.send(request, stream=True)
             except httpx.TransportError as exc:
-                raise _transport_error(_SERVICE, exc, connected=False) from None
+                raise transport_error(_SERVICE, exc, connected=False) from None
             try:
-                body = await _read_capped(response, 1024 * 1024)
+                body = await read_capped(response, 1024 * 1024)
             except httpx.TransportError as exc:
-                raise _transport_error(_SERVICE, exc, connected=True) from None
+                raise transport_error(_SERVICE, exc, connected=True) from None
             finally:
                 await response.aclose()
         if response.status_code >= 400:
-            raise _status_error(_SERVICE, response.status_code, response.headers, body, self._api_key)
+            raise status_error(_SERVICE, response.status_code, response.headers, body, self._api_key)
         return Transcript(text=_recognized_text(body), audio_seconds=audio_seconds)
 
 
 def _recognized_text(body: bytes) -> str:
-    payload: dict[str, Any] = _decode_json_object(body.decode("utf-8", "replace"), _SERVICE)
+    payload: dict[str, Any] = decode_json_object(body.decode("utf-8", "replace"), _SERVICE)
     status = payload.get("RecognitionStatus")
     if status == "Success":
         text = payload.get("DisplayText")
@@ -192,3 +198,10 @@ def _recognized_text(body: bytes) -> str:
     if status == "Error":
         raise ProviderError("provider_failed", f"{_SERVICE} failed to recognise the audio", retryable=True)
     raise ProviderError("provider_failed", f"{_SERVICE} sent recognition status {status!r}")
+
+
+def _build(language: str | None) -> AzureSTT:
+    return AzureSTT(language or "en-US")
+
+
+PROVIDES = (RecognizerProvider(name="azure", build=_build, streams=False),)

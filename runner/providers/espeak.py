@@ -19,6 +19,7 @@ import espeakng_loader
 import trio
 
 from ._once import LoadedOnce
+from ._registry import SynthesizerProvider
 from ._types import ProviderError
 
 __all__ = ["EspeakTTS", "EspeakVoice", "UnsupportedVoice"]
@@ -294,6 +295,11 @@ class EspeakTTS:
             return False
         return True
 
+    async def warm_up(self) -> None:
+        """Load the engine and its voice data, and say one word."""
+        async for _ in self.synthesize("ready"):
+            pass
+
     async def synthesize(self, text: str) -> AsyncIterator[bytes]:
         """Yield the audio of ``text`` as 16-bit PCM chunks of about 60 ms.
 
@@ -305,3 +311,14 @@ class EspeakTTS:
             chunks = await trio.to_thread.run_sync(engine.synthesize, self._spec, self.rate_wpm, sentence)
             for chunk in chunks:
                 yield chunk
+
+
+def _build(voice: str | int | None, *, model: str | None) -> EspeakTTS:
+    return EspeakTTS(voice)  # no models: ``model`` chooses nothing
+
+
+def _voice_problem(voice: str | int | float) -> str | None:
+    return None if EspeakTTS.supports_voice(voice) else f"espeak has no voice {voice!r}"
+
+
+PROVIDES = (SynthesizerProvider(name="espeak", build=_build, voice_problem=_voice_problem, has_models=False),)

@@ -20,6 +20,7 @@ import numpy as np
 import trio
 
 from ._once import LoadedOnce
+from ._registry import SynthesizerProvider
 from ._types import ProviderError
 
 __all__ = ["HibariTTS", "UnsupportedVoice"]
@@ -181,3 +182,16 @@ class HibariTTS:
                 raise ProviderError("provider_failed", f"hibari failed to synthesize: {exc}") from exc
             for start in range(0, len(pcm), piece):
                 yield pcm[start : start + piece]
+
+
+def _build(voice: str | int | None, *, model: str | None) -> HibariTTS:
+    return HibariTTS(voice)  # one model: ``model`` chooses nothing
+
+
+def _voice_problem(voice: str | int | float) -> str | None:
+    if HibariTTS.supports_voice(voice):
+        return None
+    return f"hibari has no voice {voice!r} here; this runner offers {', '.join(HibariTTS.list_voices())}"
+
+
+PROVIDES = (SynthesizerProvider(name="hibari", build=_build, voice_problem=_voice_problem, has_models=False),)

@@ -19,8 +19,12 @@ on ``wsproto`` over a Trio stream, with no background task, so ``synthesize`` ca
 async generator. The key travels in the query string, as the service requires, and never
 appears in a message.
 
-KugelAudio publishes no chat-completions endpoint (the SDK has TTS, ASR, voices and an
-OpenAI-*Live* speech-to-speech preview without a stable host), so there is no ``KugelAudioLLM``.
+The host protocol names KugelAudio as an LLM provider too (``llm={kugelaudio.llm()}``, model
+``qwen3.8-27b``), but KugelAudio documents no chat API of its own that could be found (the SDK
+has TTS, ASR, voices and an OpenAI-*Live* preview). ``KugelAudioLLM`` is therefore an
+OpenAI-compatible chat client (``POST {base}/chat/completions``, streamed) against
+KugelAudio's API base, with KugelAudio's key: the base is ``KUGELAUDIO_LLM_BASE_URL`` when set,
+so a deployment can point it at whatever endpoint KugelAudio gives it (``docs/agents.md``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import base64
 import binascii
 import contextlib
 import json
+import os
 import ssl
 import urllib.parse
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -43,22 +48,28 @@ import wsproto.utilities
 from wsproto.connection import ConnectionState
 
 from ..voice.audio import Resampler
-from ._types import ProviderError
-from .openai import (
-    _MAX_ERROR_MESSAGE_CHARS,
-    _decode_json_object,
-    _env_key,
-    _maybe_client,
-    _read_capped,
-    _redact,
-    _status_error,
-    _transport_error,
+from ._http import (
+    MAX_ERROR_MESSAGE_CHARS,
+    decode_json_object,
+    env_key,
+    maybe_client,
+    read_capped,
+    redact,
+    status_error,
+    transport_error,
 )
+from ._registry import ChatModelProvider, SynthesizerProvider
+from ._types import ProviderError
+from .openai import OpenAILLM
 
 KUGELAUDIO_BASE_URL = "https://api.kugelaudio.com"
 KUGELAUDIO_EU_BASE_URL = "https://api.eu.kugelaudio.com"
 KUGELAUDIO_DEFAULT_MODEL = "kugel-3.5"
 KUGELAUDIO_KEY_ENV = "KUGELAUDIO_API_KEY"
+#: The chat model the host protocol's own example reports for ``kugelaudio.llm()``.
+KUGELAUDIO_LLM_DEFAULT_MODEL = "qwen3.8-27b"
+#: Overrides the chat API's base (everything before ``/chat/completions``).
+KUGELAUDIO_LLM_BASE_URL_ENV = "KUGELAUDIO_LLM_BASE_URL"
 
 _SERVICE = "KugelAudio"
 #: Keys may carry a region prefix (``eu-...``); the SDK strips it and picks the host by it.
@@ -102,6 +113,57 @@ def _voice_id(voice: Any) -> int:
     if isinstance(voice, str) and voice.strip().isdigit() and voice.strip().isascii():
         return int(voice.strip())
     raise ProviderError("invalid_settings", f"KugelAudio voices are numeric ids (e.g. 123), got {voice!r}")
+
+
+def _http_base(base_url: str) -> str:
+    base_url = base_url.rstrip("/")
+    parsed = urllib.parse.urlsplit(base_url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ProviderError(
+            "invalid_settings", f"KugelAudio base_url must be http(s)://host, got {base_url!r}"
+        )
+    return base_url
+
+
+class KugelAudioLLM(OpenAILLM):
+    """KugelAudio's chat model, over the OpenAI Chat Completions wire format (streamed).
+
+    Args:
+        model: The model name; by default ``"qwen3.8-27b"``.
+        api_key: The key; by default ``KUGELAUDIO_API_KEY``. A region prefix (``eu-``) is
+            stripped and, without a base, picks the host. Never shown in errors or ``repr``.
+        base_url: The API base, ending before ``/chat/completions``; by default
+            ``KUGELAUDIO_LLM_BASE_URL``, else ``https://api.kugelaudio.com/v1`` (the ``eu``
+            host for an ``eu-`` key).
+        http: A shared ``httpx.AsyncClient``.
+        max_stream_s: The longest one streamed reply may take.
+
+    Raises:
+        ProviderError: ``invalid_settings`` for a base that is not ``http(s)://host``.
+    """
+
+    def __init__(
+        self,
+        model: str = KUGELAUDIO_LLM_DEFAULT_MODEL,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http: httpx.AsyncClient | None = None,
+        max_stream_s: float = 600.0,
+    ) -> None:
+        key, region = _split_key(api_key if api_key is not None else env_key(KUGELAUDIO_KEY_ENV))
+        if not base_url:
+            host = KUGELAUDIO_EU_BASE_URL if region == "eu" else KUGELAUDIO_BASE_URL
+            base_url = os.environ.get(KUGELAUDIO_LLM_BASE_URL_ENV, "").strip() or f"{host}/v1"
+        super().__init__(
+            model or KUGELAUDIO_LLM_DEFAULT_MODEL,
+            api_key=key,
+            base_url=_http_base(base_url),
+            provider="kugelaudio",
+            http=http,
+            api_key_env=KUGELAUDIO_KEY_ENV,
+            max_stream_s=max_stream_s,
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -163,16 +225,11 @@ class KugelAudioTTS:
         self.idle_timeout_s = idle_timeout_s
         self.max_audio_s = max_audio_s
         self._http = http
-        key, region = _split_key(api_key if api_key is not None else _env_key(KUGELAUDIO_KEY_ENV))
+        key, region = _split_key(api_key if api_key is not None else env_key(KUGELAUDIO_KEY_ENV))
         self._api_key = key
         if base_url is None:
             base_url = KUGELAUDIO_EU_BASE_URL if region == "eu" else KUGELAUDIO_BASE_URL
-        self.base_url = base_url.rstrip("/")
-        parsed = urllib.parse.urlsplit(self.base_url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ProviderError(
-                "invalid_settings", f"KugelAudio base_url must be http(s)://host, got {base_url!r}"
-            )
+        self.base_url = _http_base(base_url)
 
     @property
     def missing_key(self) -> str | None:
@@ -218,7 +275,7 @@ class KugelAudioTTS:
         params: dict[str, Any] = {"limit": limit, "offset": offset, "include_public": "true"}
         if language:
             params["language"] = language
-        async with _maybe_client(self._http) as client:
+        async with maybe_client(self._http) as client:
             try:
                 response = await client.send(
                     client.build_request(
@@ -230,16 +287,16 @@ class KugelAudioTTS:
                     stream=True,
                 )
             except httpx.TransportError as exc:
-                raise _transport_error(_SERVICE, exc, connected=False) from None
+                raise transport_error(_SERVICE, exc, connected=False) from None
             try:
-                body = await _read_capped(response, 8 * 1024 * 1024)
+                body = await read_capped(response, 8 * 1024 * 1024)
             except httpx.TransportError as exc:
-                raise _transport_error(_SERVICE, exc, connected=True) from None
+                raise transport_error(_SERVICE, exc, connected=True) from None
             finally:
                 await response.aclose()
         if response.status_code >= 400:
-            raise _status_error(_SERVICE, response.status_code, response.headers, body, key)
-        payload = _decode_json_object(body.decode("utf-8", "replace"), _SERVICE)
+            raise status_error(_SERVICE, response.status_code, response.headers, body, key)
+        payload = decode_json_object(body.decode("utf-8", "replace"), _SERVICE)
         voices = []
         for item in payload.get("voices") or ():
             if not isinstance(item, Mapping) or not isinstance(item.get("id"), int):
@@ -292,7 +349,7 @@ class KugelAudioTTS:
                     raise ProviderError(
                         "provider_failed", "KugelAudio stopped sending", retryable=True
                     ) from None
-                frame = _decode_json_object(raw, _SERVICE)
+                frame = decode_json_object(raw, _SERVICE)
                 if frame.get("error"):
                     raise _frame_error(frame, key)
                 if frame.get("final"):
@@ -344,7 +401,7 @@ def _frame_error(frame: Mapping[str, Any], secret: str) -> ProviderError:
     """Map an error frame (``{error, error_code, code}``) as the SDK classifies it."""
     error_code = str(frame.get("error_code") or "")[:80]
     status = frame.get("code") if isinstance(frame.get("code"), int) else None
-    message = _redact(str(frame.get("error") or ""), secret)[:_MAX_ERROR_MESSAGE_CHARS]
+    message = redact(str(frame.get("error") or ""), secret)[:MAX_ERROR_MESSAGE_CHARS]
     label = f" ({error_code})" if error_code else ""
     if error_code == "UNAUTHORIZED" or status in (401, 403):
         return ProviderError("unauthorized", f"KugelAudio refused the credentials{label}")
@@ -359,7 +416,7 @@ def _frame_error(frame: Mapping[str, Any], secret: str) -> ProviderError:
 
 
 def _close_error(code: int | None, reason: str, secret: str) -> ProviderError:
-    reason = _redact(reason, secret)[:_MAX_ERROR_MESSAGE_CHARS]
+    reason = redact(reason, secret)[:MAX_ERROR_MESSAGE_CHARS]
     known = _CLOSE_CODES.get(code) if code is not None else None
     if known is not None:
         kind, what, retryable = known
@@ -434,7 +491,7 @@ class _WebSocket:
             raise ProviderError("provider_failed", "KugelAudio did not upgrade the connection")
         if status == 403:  # the service answers a bad key on the upgrade with 403
             raise ProviderError("unauthorized", "KugelAudio refused the credentials: HTTP 403")
-        raise _status_error(_SERVICE, status, httpx.Headers(headers), bytes(body), self._secret)
+        raise status_error(_SERVICE, status, httpx.Headers(headers), bytes(body), self._secret)
 
     async def send_text(self, text: str) -> None:
         try:
@@ -519,3 +576,27 @@ class _WebSocket:
             except wsproto.utilities.RemoteProtocolError:
                 raise ProviderError("provider_failed", "KugelAudio broke the WebSocket protocol") from None
         raise ProviderError("provider_failed", "KugelAudio sent too many frames")
+
+
+def _build_llm(model: str, *, base_url: str | None, api_key_env: str | None) -> KugelAudioLLM:
+    return KugelAudioLLM(model, base_url=base_url)  # the key is always KUGELAUDIO_API_KEY
+
+
+def _build_tts(voice: str | int | None, *, model: str | None) -> KugelAudioTTS:
+    if voice is None:
+        raise ProviderError("invalid_settings", "KugelAudio needs a numeric voice id (see list_voices)")
+    return KugelAudioTTS(voice, model=model)
+
+
+def _voice_problem(voice: str | int | float) -> str | None:
+    if isinstance(voice, str) and not voice.isdigit():
+        return "a KugelAudio voice is a numeric voice id"
+    if isinstance(voice, float) and not voice.is_integer():
+        return "a KugelAudio voice is a numeric voice id"
+    return None
+
+
+PROVIDES = (
+    ChatModelProvider(name="kugelaudio", build=_build_llm),
+    SynthesizerProvider(name="kugelaudio", build=_build_tts, voice_problem=_voice_problem),
+)

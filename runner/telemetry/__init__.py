@@ -18,3 +18,21 @@ from ._tracing import exit_span as exit_span
 from ._tracing import stage as stage
 from ._tracing import start_span as start_span
 from ._tracing import tracing_enabled as tracing_enabled
+
+__all__ = [
+    "CONTENT_TYPE",
+    "Metrics",
+    "Stage",
+    "configure_tracing",
+    "configure_tracing_from_env",
+    "current_metrics",
+    "current_span",
+    "enter_span",
+    "exit_span",
+    "follow",
+    "mark",
+    "stage",
+    "start_span",
+    "tracing_enabled",
+    "unfollow",
+]

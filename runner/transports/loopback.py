@@ -19,8 +19,10 @@ import attrs
 import trio
 
 from ..sessions import (
+    DTMF_DIGITS,
     AudioFrame,
     CallTarget,
+    DtmfReceived,
     ParticipantJoined,
     ParticipantLeft,
     RequestHandler,
@@ -56,6 +58,7 @@ class LoopbackSession:
     """The agent's side of a loopback call."""
 
     kind = "loopback"
+    delimits_turns = False
 
     def __init__(self, caller_kind: Literal["app", "sip", "none"]) -> None:
         self._events_send, self._events = trio.open_memory_channel[TransportEvent](math.inf)
@@ -63,6 +66,7 @@ class LoopbackSession:
         self._handler_set = trio.Event()
         self._to_client_send, self.to_client = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._audio_send, self.audio_out = trio.open_memory_channel[bytes | None](math.inf)
+        self._keys_send, self.keys_out = trio.open_memory_channel[str](math.inf)
         self.caller_kind = caller_kind
         self.audio_rate_hz = 0
         self.closed = False
@@ -95,11 +99,22 @@ class LoopbackSession:
         self._audio_send.send_nowait(None)
         await trio.lowlevel.checkpoint()
 
+    def ringing(self) -> trio.Event | None:
+        return None
+
+    async def send_dtmf(self, digits: str) -> None:
+        if self.caller_kind != "sip":
+            raise TransportError("the call has no phone line: its caller is not on a phone")
+        for digit in digits:
+            self._keys_send.send_nowait(digit)
+        await trio.lowlevel.checkpoint()
+
     def close(self) -> None:
         self.closed = True
         self._events_send.close()
         self._to_client_send.close()
         self._audio_send.close()
+        self._keys_send.close()
 
 
 class LoopbackCaller:
@@ -119,14 +134,31 @@ class LoopbackCaller:
         return self._session.audio_out
 
     @property
+    def keys(self) -> trio.MemoryReceiveChannel[str]:
+        """The keys the agent pressed (``ctx.send.dtmf``), one digit at a time."""
+        return self._session.keys_out
+
+    @property
     def left(self) -> bool:
         return self._session.closed
+
+    @property
+    def unread(self) -> int:
+        """Events sent to the agent that it has not taken yet."""
+        return self._session.events.statistics().current_buffer_used
 
     def say(self, text: str) -> None:
         self._session._events_send.send_nowait(UserText(text=text))
 
     def send_audio(self, pcm: bytes, sample_rate_hz: int) -> None:
         self._session._events_send.send_nowait(AudioFrame(pcm=pcm, sample_rate_hz=sample_rate_hz))
+
+    def press(self, digits: str, identity: str = "caller") -> None:
+        """Press keys on the caller's phone: one DTMF event per digit, in order."""
+        for digit in digits:
+            if digit not in DTMF_DIGITS:
+                raise ValueError(f"{digit!r} is not a telephone key (one of {DTMF_DIGITS})")
+            self._session._events_send.send_nowait(DtmfReceived(identity=identity, digit=digit))
 
     def join(self, identity: str, kind: Literal["caller", "app", "sip", "transfer_target"]) -> None:
         self._session._events_send.send_nowait(ParticipantJoined(identity=identity, kind=kind))

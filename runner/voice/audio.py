@@ -83,6 +83,26 @@ def write_wav(path: str | os.PathLike[str], pcm: bytes, rate: int) -> None:
         w.writeframes(pcm)
 
 
+def read_wav(path: str | os.PathLike[str]) -> tuple[bytes, int]:
+    """A 16-bit PCM WAV file as s16le mono and its rate (channels are mixed down).
+
+    Raises:
+        ValueError: The file is not 16-bit PCM WAV.
+    """
+    try:
+        with wave.open(os.fspath(path), "rb") as w:
+            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
+            pcm = w.readframes(w.getnframes())
+    except (wave.Error, EOFError) as exc:
+        raise ValueError(f"{os.fspath(path)} is not a PCM WAV file: {exc}") from exc
+    if width != _SAMPLE_BYTES:
+        raise ValueError(f"{os.fspath(path)} holds {8 * width}-bit samples; 16-bit PCM is read")
+    if channels > 1:
+        mixed = np.frombuffer(pcm, dtype="<i2").reshape(-1, channels).mean(axis=1)
+        pcm = mixed.round().astype("<i2").tobytes()
+    return pcm, rate
+
+
 class Resampler:
     """A streaming resampler for s16le mono PCM: one soxr stream (libsoxr, high quality).
 

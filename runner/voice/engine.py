@@ -3,8 +3,8 @@
 One turn: the model streams its reply; tool calls run in bounded rounds; the reply is
 cut into sentences as it arrives and each sentence is synthesized while later ones are
 still being written, so the first sentence is audio early. Everything the turn does is
-reported as :data:`TurnEvent` values to one ``emit`` callback, which each transport maps
-to its own wire (WebSocket frames, a LiveKit track, a terminal).
+reported as :data:`~.events.TurnEvent` values to one ``emit`` callback, which each transport
+maps to its own wire (WebSocket frames, a LiveKit track, a terminal).
 """
 
 from __future__ import annotations
@@ -20,186 +20,41 @@ from typing import Any
 import attrs
 import trio
 
-from ..providers import LLM, TTS, ChatMessage, ProviderError, TextDelta, ToolCall, ToolSpec, Usage
-from ..providers._types import ThoughtDelta, reports_thoughts
+from ..providers import (
+    ChatMessage,
+    ChatModel,
+    ProviderError,
+    Synthesizer,
+    TextDelta,
+    ThoughtDelta,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    reports_thoughts,
+)
 from ..telemetry import mark, stage
 from .chunker import SentenceChunker
-
-# -- What a turn reports ---------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class TurnStarted:
-    turn: str
-
-
-@attrs.frozen(kw_only=True)
-class ReplyDelta:
-    turn: str
-    text: str
-
-
-@attrs.frozen(kw_only=True)
-class Thought:
-    """A piece of the model's thinking summary, for a turn run with ``thoughts=True``.
-
-    Never part of the reply: not in :attr:`TurnResult.text`, the history the model reads
-    next, nor what is spoken.
-    """
-
-    turn: str
-    text: str
-
-
-@attrs.frozen(kw_only=True)
-class ReplyChunk:
-    turn: str
-    chunk: int
-    text: str
-
-
-@attrs.frozen(kw_only=True)
-class AudioStart:
-    turn: str
-    chunk: int
-    sample_rate_hz: int
-
-
-@attrs.frozen(kw_only=True)
-class AudioData:
-    turn: str
-    chunk: int
-    pcm: bytes
-
-
-@attrs.frozen(kw_only=True)
-class AudioEnd:
-    turn: str
-    chunk: int
-    bytes: int
-    audio_seconds: float
-
-
-@attrs.frozen(kw_only=True)
-class ToolStarted:
-    turn: str
-    call_id: str
-    name: str
-    arguments: dict[str, Any]
-
-
-@attrs.frozen(kw_only=True)
-class ToolEnded:
-    turn: str
-    call_id: str
-    name: str
-    ok: bool
-    ms: int
-    result: Any
-    error: str | None
-
-
-@attrs.frozen(kw_only=True)
-class UsageReported:
-    turn: str
-    usage: Usage
-    generation_seconds: float
-
-
-@attrs.frozen(kw_only=True)
-class SpeechFailed:
-    """A chunk could not be spoken; the text turn carries on."""
-
-    turn: str
-    chunk: int
-    code: str
-    message: str
-
-
-@attrs.frozen(kw_only=True)
-class Muted:
-    turn: str
-
-
-@attrs.frozen(kw_only=True)
-class Heard:
-    """A spoken turn's transcript, once the turn has heard it (before the reply)."""
-
-    turn: str
-    text: str
-    audio_seconds: float
-
-
-@attrs.frozen(kw_only=True)
-class ToolConfirmRequested:
-    """A tool that asks first was called and has not run: the person must say yes."""
-
-    turn: str
-    call_id: str
-    name: str
-    arguments: dict[str, Any]
-
-
-@attrs.frozen(kw_only=True)
-class ToolRecord:
-    call_id: str
-    name: str
-    arguments: dict[str, Any]
-    result: Any
-    ok: bool
-    error: str | None
-    ms: int
-    round: int
-
-
-@attrs.frozen(kw_only=True)
-class Timings:
-    model_first_text_ms: int | None
-    first_audio_sent_ms: int | None
-    total_ms: int
-
-
-@attrs.frozen(kw_only=True)
-class TurnResult:
-    """How a turn ended: exactly one per turn, ``interrupted`` or done."""
-
-    turn: str
-    text: str
-    interrupted: bool
-    reason: str | None
-    error_code: str | None
-    chunks_spoken: int
-    tool_calls: tuple[ToolRecord, ...]
-    usage: tuple[Usage, ...]
-    timings: Timings
-    heard: str | None = None
-    heard_seconds: float | None = None
-    #: Where a failed turn failed (``"stt"``, ``"model"``), with ``error_code``.
-    stage: str | None = None
-
-
-@attrs.frozen(kw_only=True)
-class TurnFinished:
-    result: TurnResult
-
-
-TurnEvent = (
-    TurnStarted
-    | ReplyDelta
-    | Thought
-    | ReplyChunk
-    | AudioStart
-    | AudioData
-    | AudioEnd
-    | ToolStarted
-    | ToolEnded
-    | UsageReported
-    | SpeechFailed
-    | Muted
-    | TurnFinished
-    | Heard
-    | ToolConfirmRequested
+from .events import (
+    AudioData,
+    AudioEnd,
+    AudioStart,
+    Heard,
+    Muted,
+    ReplyChunk,
+    ReplyDelta,
+    SpeechFailed,
+    Thought,
+    Timings,
+    ToolEnded,
+    ToolRecord,
+    ToolStarted,
+    TurnEvent,
+    TurnFinished,
+    TurnResult,
+    TurnStarted,
+    UsageReported,
 )
+
 Emit = Callable[[TurnEvent], Awaitable[None]]
 # Hears a spoken turn inside it: returns the transcript and how many seconds of audio it was.
 Hear = Callable[[], Awaitable[tuple[str, float]]]
@@ -218,8 +73,8 @@ class ToolOutcome:
 class TurnPlan:
     """What one turn works with, fixed when it starts (a new voice waits for the next reply)."""
 
-    llm: LLM
-    tts: TTS | None
+    llm: ChatModel
+    tts: Synthesizer | None
     instructions: Callable[[], str]
     tools: Callable[[], Sequence[ToolSpec]]
     run_tool: Callable[[ToolCall], Awaitable[ToolOutcome]]
@@ -299,7 +154,7 @@ class Turn:
             run_first: Tool calls to run before the model is asked (a confirmed tool).
             thoughts: Ask the model for its thinking summaries, reported as :class:`Thought`
                 in the order the model writes them (only a provider that reports thoughts,
-                see :class:`~runner.providers.LLM`, is asked; the others run as usual).
+                see :class:`~runner.providers.ChatModel`, is asked; the others run as usual).
         """
         self._thoughts = thoughts
         self._started = time.monotonic()
@@ -505,7 +360,7 @@ class Turn:
         if self._muted:
             await self._emit(Muted(turn=self.id))
 
-    async def _say(self, tts: TTS, chunk: int, piece: str) -> None:
+    async def _say(self, tts: Synthesizer, chunk: int, piece: str) -> None:
         sent = 0
         opened = False
         try:
@@ -547,16 +402,16 @@ def _tool_content(outcome: ToolOutcome) -> str:
 
 
 async def _stream(
-    llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, thoughts: bool = False
+    llm: ChatModel, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, thoughts: bool = False
 ) -> AsyncGenerator[Any, None]:
     # One place owns the provider's iterator, so a cancelled turn always closes it.
     # ``thoughts`` goes only to a provider that takes it; the LLM protocol stays as it is.
     with stage("llm", llm) as request:
         if thoughts and reports_thoughts(llm):
-            stream = llm.stream(messages, tools, thoughts=True)  # type: ignore[call-arg]  # reports_thoughts() just checked that this provider takes thoughts=; the LLM Protocol does not
+            stream = llm.stream(messages, tools, thoughts=True)  # type: ignore[call-arg]  # reports_thoughts() just checked that this provider takes thoughts=; the ChatModel Protocol does not
         else:
             stream = llm.stream(messages, tools)
-        async with aclosing(stream) as events:  # type: ignore[type-var]  # the LLM Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
+        async with aclosing(stream) as events:  # type: ignore[type-var]  # the ChatModel Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
             first = True
             async for event in events:
                 if isinstance(event, TextDelta) and first:
@@ -566,9 +421,9 @@ async def _stream(
                 yield event
 
 
-async def _synthesize(tts: TTS, text: str) -> AsyncGenerator[bytes, None]:
+async def _synthesize(tts: Synthesizer, text: str) -> AsyncGenerator[bytes, None]:
     with stage("tts", tts) as request:
-        async with aclosing(tts.synthesize(text)) as audio:  # type: ignore[type-var]  # the TTS Protocol promises an AsyncIterator; every provider's synthesize is an async generator, which aclosing needs
+        async with aclosing(tts.synthesize(text)) as audio:  # type: ignore[type-var]  # the Synthesizer Protocol promises an AsyncIterator; every provider's synthesize is an async generator, which aclosing needs
             async for pcm in audio:
                 request.first()
                 yield pcm

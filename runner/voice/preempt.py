@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 import trio
 
-from ..providers import LLM, TTS, ChatMessage, LLMEvent, ProviderError, TextDelta, ToolSpec
+from ..providers import ChatMessage, ChatModel, LLMEvent, ProviderError, Synthesizer, TextDelta, ToolSpec
 from ..telemetry import mark
 from .chunker import SentenceChunker
 from .listener import Utterance
@@ -76,7 +76,7 @@ class _Tape(Generic[T]):
 class EarlySpeech:
     """The audio of a reply's first sentence, synthesized before the turn asked for it."""
 
-    def __init__(self, tts: TTS, text: str) -> None:
+    def __init__(self, tts: Synthesizer, text: str) -> None:
         self.tts = tts
         self.text = text
         self._pcm = _Tape[bytes]()
@@ -85,7 +85,7 @@ class EarlySpeech:
     async def run(self) -> None:
         error = None
         try:
-            async with aclosing(self.tts.synthesize(self.text)) as audio:  # type: ignore[type-var]  # the TTS Protocol promises an AsyncIterator; every provider's synthesize is an async generator, which aclosing needs
+            async with aclosing(self.tts.synthesize(self.text)) as audio:  # type: ignore[type-var]  # the Synthesizer Protocol promises an AsyncIterator; every provider's synthesize is an async generator, which aclosing needs
                 async for pcm in audio:
                     if not self._pcm.items:
                         mark("tts_first_audio_early")
@@ -108,7 +108,11 @@ class PrefetchedReply:
     """
 
     def __init__(
-        self, llm: LLM, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], tts: TTS | None = None
+        self,
+        llm: ChatModel,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        tts: Synthesizer | None = None,
     ) -> None:
         self.llm = llm
         self.messages = tuple(messages)
@@ -144,7 +148,7 @@ class PrefetchedReply:
         with self._scope:
             async with trio.open_nursery() as nursery:
                 try:
-                    async with aclosing(self.llm.stream(self.messages, self.tools)) as events:  # type: ignore[type-var]  # the LLM Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
+                    async with aclosing(self.llm.stream(self.messages, self.tools)) as events:  # type: ignore[type-var]  # the ChatModel Protocol promises an AsyncIterator; every provider's stream is an async generator, which aclosing needs
                         async for event in events:
                             if isinstance(event, TextDelta):
                                 if not written:
@@ -184,7 +188,7 @@ class PrefetchedReply:
 class Preempted:
     """The turn's model: the prefetched reply for the request it was made for, else ``llm``."""
 
-    def __init__(self, llm: LLM, prefetched: PrefetchedReply) -> None:
+    def __init__(self, llm: ChatModel, prefetched: PrefetchedReply) -> None:
         self.provider = llm.provider
         self.model = llm.model
         self._llm = llm
@@ -205,7 +209,7 @@ class Preempted:
 class PreSpoken:
     """The turn's voice: the early audio for the sentence it was made for, else ``tts``."""
 
-    def __init__(self, tts: TTS, prefetched: PrefetchedReply) -> None:
+    def __init__(self, tts: Synthesizer, prefetched: PrefetchedReply) -> None:
         self.provider = tts.provider
         self.voice = tts.voice
         self.sample_rate_hz = tts.sample_rate_hz

@@ -12,8 +12,18 @@ import attrs
 import pytest
 
 import runner.agent as agent_api
-from runner.agent import LLM, STT, TTS, Agent, AuthoringError, Context, Skill, assign_variant
-from runner.agent._runtime import AgentRuntime, choose_experiments
+from runner.agent import (
+    LLM,
+    STT,
+    TTS,
+    Agent,
+    AgentRuntime,
+    AuthoringError,
+    Context,
+    Skill,
+    assign_variant,
+    choose_experiments,
+)
 from runner.agent._schema import ArgumentsRefused
 from runner.calls import CallContext
 

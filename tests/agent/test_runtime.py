@@ -14,9 +14,8 @@ import math
 import re
 import socket
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,19 +23,28 @@ import attrs
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 from journal import Journal, open_journal
-from runner.agent import LLM, STT, TTS, Agent, Context, HostUnavailableError, Skill
-from runner.agent._runtime import AgentRuntime, choose_experiments
+from runner.agent import (
+    LLM,
+    STT,
+    TTS,
+    Agent,
+    AgentRuntime,
+    Context,
+    HostUnavailableError,
+    Skill,
+    choose_experiments,
+)
 from runner.calls import KEEP_JSON_BYTES, CallContext, CallRecord
-from runner.errors import InvalidSettings
 from runner.providers.espeak import EspeakTTS
 from runner.providers.hibari import HibariTTS
 from runner.providers.whisper import WhisperSTT
 from runner.transports import ClientRefusal
 from runner.transports.loopback import LoopbackCaller, LoopbackSession
 from runner.voice.audio import frames, resample_s16le
-from runner.voice.engine import ReplyDelta, TurnEvent, TurnFinished, TurnResult
+from runner.voice.events import ReplyDelta, TurnEvent, TurnFinished, TurnResult
 from tests.providers.fake_servers import (
     FakeOpenAI,
     open_fake_server,
@@ -58,13 +66,33 @@ CLEAR_VOICE = "en-us+f2"
 # -- the call harness -------------------------------------------------------------------------
 
 
+@attrs.define(eq=False)
+class Reported:
+    """The turn events the runtime reported so far, each waking whoever waits for one."""
+
+    events: list[TurnEvent] = attrs.Factory(list)
+    _more: trio.Event = attrs.Factory(trio.Event)
+
+    def add(self, event: TurnEvent) -> None:
+        self.events.append(event)
+        self._more.set()
+        self._more = trio.Event()
+
+    async def wait_more(self) -> None:
+        await self._more.wait()
+
+
 @attrs.define
 class Harness:
     runtime: AgentRuntime
     caller: LoopbackCaller
     session: LoopbackSession
-    events: list[TurnEvent]
+    reported: Reported
     results: trio.MemoryReceiveChannel[TurnResult]
+
+    @property
+    def events(self) -> list[TurnEvent]:
+        return self.reported.events
 
     async def next_result(self, seconds: float = 10) -> TurnResult:
         with trio.fail_after(seconds):
@@ -72,12 +100,16 @@ class Harness:
 
     async def wait_for(self, predicate: Callable[[TurnEvent], bool], seconds: float = 10) -> TurnEvent:
         with trio.fail_after(seconds):
-            for _ in range(int(seconds * 200)):
-                found = next((e for e in self.events if predicate(e)), None)
-                if found is not None:
-                    return found
+            while (found := next((e for e in self.events if predicate(e)), None)) is None:
+                await self.reported.wait_more()
+        return found
+
+    async def wait_heard(self, seconds: float = 10) -> None:
+        """Wait until the runtime took every frame sent and every turn they made has ended."""
+        with trio.fail_after(seconds):
+            while self.caller.unread:  # a channel tells nobody when it drains: polled
                 await trio.sleep(0.005)
-        raise AssertionError("unreachable")
+            await self.runtime.wait_idle()
 
     def audio(self) -> list[bytes | None]:
         """What reached the caller's speaker so far (``None``: a clear)."""
@@ -109,11 +141,11 @@ async def open_call(
     record = CallRecord(journal, session_id) if journal is not None else None
     runtime = AgentRuntime(agent, call, record, host_connected=host_connected)
     session = LoopbackSession("app")
-    events: list[TurnEvent] = []
+    reported = Reported()
     send_result, results = trio.open_memory_channel[TurnResult](math.inf)
 
     async def listen(event: TurnEvent) -> None:
-        events.append(event)
+        reported.add(event)
         if isinstance(event, TurnFinished):
             send_result.send_nowait(event.result)
 
@@ -123,7 +155,11 @@ async def open_call(
         with trio.fail_after(10):
             await runtime.ready.wait()
         yield Harness(
-            runtime=runtime, caller=LoopbackCaller(session), session=session, events=events, results=results
+            runtime=runtime,
+            caller=LoopbackCaller(session),
+            session=session,
+            reported=reported,
+            results=results,
         )
         nursery.cancel_scope.cancel()
 
@@ -169,12 +205,49 @@ def silence(seconds: float) -> bytes:
     return bytes(2 * int(RATE * seconds))
 
 
+@contextmanager
+def logged(logger: str, prefix: str) -> Iterator[trio.Event]:
+    """An event set once ``logger`` logs a message starting with ``prefix``, from any thread."""
+    seen = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith(prefix):
+                token.run_sync_soon(seen.set)
+
+    watch = Watch(logging.DEBUG)
+    logging.getLogger(logger).addHandler(watch)
+    try:
+        yield seen
+    finally:
+        logging.getLogger(logger).removeHandler(watch)
+
+
 def send_pcm(caller: LoopbackCaller, pcm: bytes) -> int:
     count = 0
     for frame in frames(pcm, RATE, FRAME_MS):
         caller.send_audio(frame, RATE)
         count += 1
     return count
+
+
+async def send_pcm_heard(caller: LoopbackCaller, pcm: bytes, *, until: Callable[[], bool]) -> float:
+    """Send ``pcm`` a frame at a time until ``until()``; the seconds of it the agent then had.
+
+    Each frame goes once the agent took the one before, so it has heard all but the last
+    frame sent when ``until`` is asked: what it needed is told in audio, to a frame.
+    """
+    sent = 0
+    with trio.fail_after(30):
+        for frame in frames(pcm, RATE, FRAME_MS):
+            if until():
+                break
+            caller.send_audio(frame, RATE)
+            sent += 1
+            while caller.unread:  # a channel tells nobody when it drains: polled
+                await trio.sleep(0.001)
+    return sent * FRAME_MS / 1000
 
 
 def tool_call_reply(call_id: str, name: str, arguments: Mapping[str, Any]) -> Any:
@@ -249,6 +322,7 @@ async def test_a_full_spoken_turn_offline(journal: Journal) -> None:
         send_pcm(call.caller, silence(0.5) + question + silence(1.0))
         result = await call.next_result(seconds=30)
         spoken = [a for a in call.audio() if a is not None]
+        spoken_hz = call.session.audio_rate_hz  # the voice's own rate (hibari: 24 kHz)
 
     # Whisper heard the question; the turn is the transcript.
     heard = set(re.findall(r"[a-z]+", (result.heard or "").lower()))
@@ -269,13 +343,17 @@ async def test_a_full_spoken_turn_offline(journal: Journal) -> None:
         {"city": ran[0]},
         True,
     )
-    assert assistant["text"] == f"Here is what I found: In {ran[0]} it is sunny and twenty degrees."
+    assert assistant["text"] == f"In {ran[0]} it is sunny and twenty degrees."
     assert assistant["interrupted"] is False and assistant["chunksSpoken"] >= 1
     # Its reply came out as speech that Whisper, in turn, understands.
+    # (Read at any other rate it is slowed or sped up, and Whisper tiny then hears anything:
+    # read at 22.05 kHz it was "in past 20 minutes, 20 minutes" about one run in two.)
     pcm = b"".join(spoken)
-    assert len(pcm) / 2 / RATE > 1.5
-    heard_back = re.findall(r"[a-z]+", (await WhisperSTT().transcribe(pcm, RATE)).text.lower())
-    assert len({"here", "what", "found", "sunny", "twenty", "degrees"} & set(heard_back)) >= 3, heard_back
+    assert len(pcm) / 2 / spoken_hz > 1.5
+    heard_back = re.findall(r"[a-z0-9]+", (await WhisperSTT().transcribe(pcm, spoken_hz)).text.lower())
+    # hibari renders each reply a little differently, and tiny.en hears "twenty degrees" as
+    # "20 degrees" or "20 days": the weather word and the number are what it always gets.
+    assert "sunny" in heard_back and {"twenty", "20", "degrees"} & set(heard_back), heard_back
 
 
 # -- faster replies: decoding at the pause, asking the model before the turn ends ----------------
@@ -287,6 +365,8 @@ def early_agent(fake: FakeOpenAI, end_of_turn_silence_ms: int = 1500) -> Agent:
         instructions="You greet people.",
         llm=remote_llm(fake),
         stt=STT(provider="whisper"),
+        # The fixed rule: these tests hold the turn open with quiet the model would end.
+        turn_detection="silence",
         end_of_turn_silence_ms=end_of_turn_silence_ms,
     )
 
@@ -297,8 +377,7 @@ def words_of(text: str) -> set[str]:
 
 async def wait_requests(fake: FakeOpenAI, count: int) -> None:
     with trio.fail_after(30):
-        while len(fake.requests) < count:
-            await trio.sleep(0.05)
+        await fake.wait_requests(count)
 
 
 @pytest.mark.slow
@@ -342,13 +421,14 @@ async def test_the_first_sentence_is_synthesized_before_the_turn_ends_and_said_w
         llm=remote_llm(fake),
         stt=STT(provider="whisper"),
         tts=TTS(provider="hibari", voice="heart"),
+        turn_detection="silence",
         end_of_turn_silence_ms=1500,
     )
     async with open_call(agent, journal) as call:
-        send_pcm(call.caller, silence(0.5) + said + silence(1.0))  # a pause, not yet the end
-        with trio.fail_after(30):
-            while not any(r.getMessage().startswith("tts_first_audio_early") for r in caplog.records):
-                await trio.sleep(0.05)
+        with logged("runner.voice.timeline", "tts_first_audio_early") as early:
+            send_pcm(call.caller, silence(0.5) + said + silence(1.0))  # a pause, not yet the end
+            with trio.fail_after(30):
+                await early.wait()
         assert call.events == []  # its audio is there, and no turn has started
         send_pcm(call.caller, silence(1.0))
         result = await call.next_result(seconds=30)
@@ -391,9 +471,9 @@ async def test_an_early_request_is_dropped_when_the_caller_goes_on(
         await wait_requests(fake, 1)  # asked early, and the model takes its time
         send_pcm(call.caller, second + silence(2.0))  # the caller goes on, then stops
         result = await call.next_result(seconds=30)
-        with trio.move_on_after(0.5):
-            await call.results.receive()
-            raise AssertionError("a second turn ran")
+        await call.wait_heard(seconds=30)  # all of the caller's audio, and any turn it made
+        with pytest.raises(trio.WouldBlock):
+            call.results.receive_nowait()  # no second turn ran
 
     early, late = (r.json()["messages"][-1]["content"] for r in fake.requests)
     assert words_of(early) == {"thank", "you", "very", "much"}, early
@@ -430,6 +510,9 @@ def spa_agent(fake: FakeOpenAI) -> Agent:
         llm=remote_llm(fake),
         tts=TTS(provider="espeak", voice=CLEAR_VOICE),
         stt=STT(provider="pocketsphinx"),
+        # Any speech over the voice cuts it at once (the default judges it by its words first:
+        # tests/voice/test_overlap.py).
+        backchannels=False,
     )
 
 
@@ -442,17 +525,22 @@ async def test_speech_over_a_reply_barges_in(journal: Journal, fake: FakeOpenAI)
         with trio.fail_after(10):
             first = await call.caller.audio.receive()
         assert first  # the agent is speaking; the model has more to say and takes its time
-        began = time.monotonic()
-        send_pcm(call.caller, silence(0.3) + interruption)  # no trailing silence: still talking
+        turn = call.runtime.current_turn
+        assert turn is not None
+        # No trailing silence: still talking. Fed frame by frame, each once the one before was
+        # heard, so the cut is measured in the caller's audio, not in the machine's time.
+        sent_s = await send_pcm_heard(
+            call.caller, silence(0.3) + interruption, until=lambda: turn.cancel_reason is not None
+        )
         result = await call.next_result(seconds=5)
-        stopped_s = time.monotonic() - began
         after = call.audio()
 
         assert result.interrupted is True
         assert result.reason == "barge_in"
         assert result.error_code is None
         assert result.text == "".join(SPA_TEXT)
-        assert stopped_s < 2.0
+        # Cut at the onset of the words (60-80 ms into them here), long before they end (1 s).
+        assert sent_s <= 0.3 + 0.2, sent_s
         # The caller's queued agent speech was cleared.
         assert None in after
 
@@ -535,7 +623,7 @@ async def test_a_handler_that_unlocks_a_tool_changes_the_next_turn(journal: Jour
     assert [(c.name, c.arguments, c.result) for c in after.tool_calls] == [
         ("upgrade_room", {"room": "12"}, "Room 12 is now a suite.")
     ]
-    assert after.text == "Here is what I found: Room 12 is now a suite."
+    assert after.text == "Room 12 is now a suite."
     (delivered,) = await conversation_events(journal, "curb.message")
     assert (delivered["key"], delivered["from"], delivered["outcome"], delivered["reply"]) == (
         "verify",
@@ -554,7 +642,7 @@ async def test_the_model_is_offered_what_the_state_unlocks(fake: FakeOpenAI) -> 
     async with open_call(agent, None) as call:
         call.caller.say("Hello.")
         await call.next_result()
-        await call.runtime.deliver("client", "verify", {"member": True})
+        await call.runtime.messages.deliver("client", "verify", {"member": True})
         call.caller.say("Hello again.")
         await call.next_result()
     offered = [[t["function"]["name"] for t in r.json().get("tools", [])] for r in fake.requests]
@@ -652,16 +740,26 @@ async def test_max_tool_rounds_bounds_a_model_that_keeps_calling_tools(
 # -- provider failures -------------------------------------------------------------------------
 
 
+@pytest.fixture
+def timers_only(mock_clock: trio.testing.MockClock) -> trio.testing.MockClock:
+    """Trio's clock for a test in which only timers take time: it stands still while the code
+    works and jumps to the next deadline once every task waited 3 s of the machine's time (a
+    timer to run out, or a worker thread stuck). Time measured on it is what timeouts, retries
+    and pauses in the code cost, and no load on the machine moves it."""
+    mock_clock.autojump_threshold = 3.0
+    return mock_clock
+
+
 async def test_a_model_answering_500_ends_the_turn_with_its_code_promptly(
-    journal: Journal, fake: FakeOpenAI
+    timers_only: trio.testing.MockClock, journal: Journal, fake: FakeOpenAI
 ) -> None:
     # Nothing scripted: the fake answers HTTP 500.
     agent = Agent("failing", instructions="You fail.", llm=remote_llm(fake), tts=TTS(provider="espeak"))
     async with open_call(agent, journal) as call:
-        began = time.monotonic()
+        began = trio.current_time()
         call.caller.say("Hello?")
         result = await call.next_result(seconds=5)
-        assert time.monotonic() - began < 3
+        assert trio.current_time() - began < 3
         assert result.interrupted and result.error_code == "provider_failed"
         assert result.text == ""
         # The call survives: the next turn is taken (and fails the same way).
@@ -680,7 +778,7 @@ def _free_port() -> int:
 
 
 async def test_a_model_nobody_answers_for_ends_the_turn_unavailable_promptly(
-    monkeypatch: pytest.MonkeyPatch,
+    timers_only: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(KEY_ENV, KEY)
     llm = LLM(
@@ -690,10 +788,10 @@ async def test_a_model_nobody_answers_for_ends_the_turn_unavailable_promptly(
         api_key_env=KEY_ENV,
     )
     async with open_call(Agent("nobody", llm=llm), None) as call:
-        began = time.monotonic()
+        began = trio.current_time()
         call.caller.say("Hello?")
         result = await call.next_result(seconds=5)
-    assert time.monotonic() - began < 3
+    assert trio.current_time() - began < 3
     assert result.interrupted and result.error_code == "unavailable"
 
 
@@ -711,23 +809,38 @@ async def test_a_stream_cut_mid_reply_keeps_the_text_so_far(fake: FakeOpenAI) ->
     assert result.text == "The first half. "
 
 
-async def test_a_live_model_change_the_runner_cannot_build_never_crashes_the_call() -> None:
-    # "kugelaudio" is a provider a host may choose in a settings update; a runner that
-    # cannot build it must refuse the update, or fail the turns that need it, not the call.
+async def test_a_live_switch_to_kugelaudio_takes_the_next_turn(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The host protocol's own example: {"llm": {"provider": "kugelaudio", "model": "qwen3.8-27b"}}.
+    monkeypatch.setenv("KUGELAUDIO_API_KEY", KEY)
+    monkeypatch.setenv("KUGELAUDIO_LLM_BASE_URL", fake.base_url)
+    fake.enqueue(sse_reply(openai_events(openai_text_chunks(["Daily, at ten."], usage=None))))
     agent = Agent("k", instructions="Rooms are cleaned daily.", adjustable={"host": ["llm"]})
     async with open_call(agent, None) as call:
-        try:
-            await call.runtime.adjust("host", {"llm": {"provider": "kugelaudio", "model": "kugel-1"}})
-        except InvalidSettings:
-            accepted = False
-        else:
-            accepted = True
+        settings = await call.runtime.adjust(
+            "host", {"llm": {"provider": "kugelaudio", "model": "qwen3.8-27b"}}
+        )
+        assert settings.llm.provider == "kugelaudio" and settings.llm.model == "qwen3.8-27b"
         call.caller.say("When are rooms cleaned?")
         result = await call.next_result(seconds=5)
-    if accepted:
-        assert result.interrupted and result.error_code is not None
-    else:
-        assert result.text == "Rooms are cleaned daily."
+    assert result.text == "Daily, at ten."
+    assert fake.requests[0].json()["model"] == "qwen3.8-27b"
+
+
+async def test_a_model_that_fails_fails_the_turn_not_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A switch to a provider whose key is missing is accepted (keys are the runner's, looked up
+    # when used); its turn fails, and the call goes on.
+    monkeypatch.delenv("KUGELAUDIO_API_KEY", raising=False)
+    agent = Agent("k", instructions="Rooms are cleaned daily.", adjustable={"host": ["llm"]})
+    async with open_call(agent, None) as call:
+        await call.runtime.adjust("host", {"llm": {"provider": "kugelaudio", "model": "qwen3.8-27b"}})
+        call.caller.say("When are rooms cleaned?")
+        failed = await call.next_result(seconds=5)
+        call.caller.say("Hello?")
+        again = await call.next_result(seconds=5)  # the call still takes turns
+    assert failed.interrupted and failed.error_code == "unauthorized"
+    assert again.interrupted and again.error_code == "unauthorized"
 
 
 # -- turn records ------------------------------------------------------------------------------
@@ -781,7 +894,7 @@ async def test_a_long_reply_is_kept_as_its_first_4_kib_with_truncated(journal: J
     def lookup(ctx: Context, q: str) -> str:
         """Look something up."""
         ran.append(q)
-        return "word " * 2000
+        return "word " * 2001
 
     async with open_call(agent, journal) as call:
         call.caller.say("Please lookup everything.")
@@ -856,7 +969,7 @@ async def test_a_tools_filler_line_is_said_and_kept_in_the_reply(journal: Journa
     async with open_call(agent, journal) as call:
         call.caller.say("What is the weather in Lisbon?")
         result = await call.next_result()
-    assert result.text == "One moment, I am looking. Here is what I found: In Lisbon it is sunny."
+    assert result.text == "One moment, I am looking. In Lisbon it is sunny."
     _, assistant = await turns(journal)
     assert assistant["text"] == result.text
     assert assistant["chunksSpoken"] == 2  # the filler, then the answer

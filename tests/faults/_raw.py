@@ -69,18 +69,27 @@ TEXT, BINARY, CLOSE, PING = 0x1, 0x2, 0x8, 0x9
 
 def ws_frame(opcode: int, payload: bytes, *, masked: bool = True, fin: bool = True, rsv: int = 0) -> bytes:
     """One WebSocket frame (RFC 6455 5.2), masked as a client's must be unless told otherwise."""
+    if not masked:
+        return frame_head(opcode, len(payload), fin=fin, rsv=rsv, mask=None) + payload
+    key = os.urandom(4)
+    head = frame_head(opcode, len(payload), fin=fin, rsv=rsv, mask=key)
+    return head + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+def frame_head(
+    opcode: int, size: int, *, fin: bool = True, rsv: int = 0, mask: bytes | None = b"\0\0\0\0"
+) -> bytes:
+    """A frame's head announcing ``size`` bytes. With the default all-zero mask the payload
+    goes as is: a test can send megabytes, or a frame it never finishes."""
+    mask_bit = 0 if mask is None else 0x80
     head = bytes([(0x80 if fin else 0) | rsv << 4 | opcode])
-    size, mask_bit = len(payload), 0x80 if masked else 0
     if size < 126:
         head += bytes([mask_bit | size])
     elif size < 1 << 16:
         head += bytes([mask_bit | 126]) + size.to_bytes(2, "big")
     else:
         head += bytes([mask_bit | 127]) + size.to_bytes(8, "big")
-    if not masked:
-        return head + payload
-    key = os.urandom(4)
-    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return head + (mask or b"")
 
 
 class RawSocket:

@@ -143,6 +143,7 @@ class Load:
     followers: int = 4  # half follow across the kill, half are resumed from a saved cursor
     sockets: int = 1  # tasks holding agent-socket conversations, a typed turn each
     pause_s: float = 0.005  # between a host task's requests
+    slow_starts: float = 0.25  # of the calls started: those that take 300 ms to join (messages are held)
 
 
 class KillTrials:
@@ -262,9 +263,31 @@ class KillTrials:
         await self.check(acks)
 
     async def _host(self, http: httpx.AsyncClient, acks: _Acks, prefix: str, rng: random.Random) -> None:
-        """Start, message and stop calls at random until cancelled; note every 2xx."""
+        """Start, message and stop calls at random until cancelled; note every 2xx.
+
+        Some calls take a while to join: they are messaged (so their messages are held) and
+        stopped while they start.
+        """
+        async with trio.open_nursery() as slow_starts:
+            await self._host_load(http, acks, prefix, rng, slow_starts)
+            slow_starts.cancel_scope.cancel()
+
+    async def _host_load(
+        self, http: httpx.AsyncClient, acks: _Acks, prefix: str, rng: random.Random, slow_starts: trio.Nursery
+    ) -> None:
         live: list[str] = []
         made = 0
+
+        async def start(session: str, url: str) -> None:
+            try:
+                answer = await http.post(
+                    "/v1/sessions", json={"sessionId": session, "realtimeUrl": url, "realtimeToken": "t"}
+                )
+            except httpx.TransportError:
+                return  # the runner is gone
+            if answer.status_code == 202:
+                acks.started.append(session)
+
         while True:
             await trio.sleep(self.load.pause_s)
             roll = rng.random()
@@ -272,6 +295,10 @@ class KillTrials:
                 if not live or (roll < 0.3 and len(live) < self.load.calls_per_host):
                     session = f"{prefix}-{made}"
                     made += 1
+                    if rng.random() < self.load.slow_starts:
+                        slow_starts.start_soon(start, session, "loopback://x?connect_ms=300")
+                        live.append(session)
+                        continue
                     answer = await http.post(
                         "/v1/sessions",
                         json={"sessionId": session, "realtimeUrl": "loopback:", "realtimeToken": "t"},
@@ -294,7 +321,8 @@ class KillTrials:
                 else:
                     session = live.pop(rng.randrange(len(live)))
                     answer = await http.delete(f"/v1/sessions/{session}")
-                    if answer.status_code == 200:
+                    # stopped: false is a call not registered yet (a slow start still on its way).
+                    if answer.status_code == 200 and answer.json()["stopped"]:
                         acks.stopped.append(session)
             except httpx.TransportError:
                 return  # the runner is gone
@@ -346,7 +374,9 @@ class KillTrials:
         tally = self.tally
         named: Counter[tuple[str, str]] = Counter()
         ends: dict[str, list[str]] = {}
-        message_ids: Counter[str] = Counter()
+        # A message taken while its call started has a `held` record, then (unless a kill came
+        # first) its outcome: each at most once.
+        message_ids: Counter[tuple[str, str]] = Counter()
         last_of: dict[str, str] = {}
         for line in lines:
             body, producer = line["body"], line["producer"]
@@ -356,12 +386,13 @@ class KillTrials:
             if body.get("name") == "curb.ended":
                 ends.setdefault(producer, []).append(body["payload"]["reason"])
             if body.get("name") == "curb.message" and body["payload"].get("from") == "host":
-                message_ids[body["payload"]["id"]] += 1
+                held = body["payload"]["outcome"] == "held"
+                message_ids[(body["payload"]["id"], "held" if held else "outcome")] += 1
         for session in acks.started:
             if not named[(session, "curb.started")]:
                 tally.lost.append(f"{where}: the start of {session} was answered 202 but not journaled")
         for session, message in acks.messages:
-            if not message_ids[message]:
+            if not (message_ids[(message, "held")] or message_ids[(message, "outcome")]):
                 tally.lost.append(
                     f"{where}: message {message} to {session} was answered 202 but not journaled"
                 )
@@ -372,7 +403,9 @@ class KillTrials:
                 )
         tally.duplicated += [f"{where}: {p} has {n} {name}" for (p, name), n in named.items() if n > 1]
         tally.duplicated += [
-            f"{where}: message {m} journaled {n} times" for m, n in message_ids.items() if n > 1
+            f"{where}: message {m} journaled {n} times ({kind})"
+            for (m, kind), n in message_ids.items()
+            if n > 1
         ]
         recovered = [line["body"] for line in lines if line["body"].get("event") == "recovered"]
         closed = set(recovered[0]["closedSessions"]) if recovered else set()

@@ -52,6 +52,15 @@ BAD_STARTS: dict[str, bytes] = {
     + b"}",
 }
 
+WRONG_SHAPES: list[tuple[str, Any, str]] = [
+    ("clientContext", ["a"], "expected an object"),
+    ("clientContext", "a=b", "expected an object"),
+    ("experiments", 7, "expected an object"),
+    ("direction", ["inbound"], "is not one of the allowed values"),
+    ("sessionId", {"a": 1}, "expected a string"),
+    ("configurationVersion", [1], "expected an integer"),
+]
+
 BAD_MESSAGES: dict[str, bytes] = {
     "1e999": b'{"id":"m1","name":"note","payload":{"n":1e999}}',
     "-1e999": b'{"id":"m2","name":"note","payload":{"n":-1e999}}',
@@ -75,6 +84,12 @@ async def test_bad_bodies_are_400_and_change_nothing(tmp_path: Path) -> None:
             answer = await client.post("/v1/sessions", content=body, headers=headers)
             assert answer.status_code == 400, (case, answer.text)
             assert answer.json()["error"] == "invalid_request", case
+        # A body of the wrong structure is told what was expected, never Python's own words
+        # (`'list' object has no attribute 'items'` before).
+        for field, value, expected in WRONG_SHAPES:
+            answer = await client.post("/v1/sessions", json=start("shape", **{field: value}))
+            assert answer.status_code == 400, (field, value, answer.text)
+            assert answer.json()["issues"] == [{"path": [field], "message": expected}], (field, value)
         for case, body in BAD_MESSAGES.items():
             answer = await client.post("/v1/sessions/live/messages", content=body, headers=headers)
             assert (answer.status_code, answer.json()["error"]) == (400, "invalid_request"), (

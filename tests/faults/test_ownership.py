@@ -60,5 +60,16 @@ async def test_a_taken_port_refuses_the_start_before_recovery(tmp_path: Path) ->
     async with start_runner(tmp_path / "other.db") as holder:
         code, stderr = await refused_start(crashed, "--address", holder.address)
     assert code == 1
-    one_line_naming(stderr, Path(holder.address), "cannot listen")
+    said = one_line_naming(stderr, Path(holder.address), "cannot listen")
+    # What to do about it: the flag that moves this listener, and port 0.
+    assert "another port with --address HOST:PORT; port 0 takes a free one" in said, said
     assert {p.name: p.read_bytes() if p.exists() else None for p in journal_files(crashed)} == before
+
+
+async def test_a_taken_public_port_says_which_flag_moves_it(tmp_path: Path) -> None:
+    async with start_runner(tmp_path / "holder.db") as holder:
+        taken = next(line for line in holder.stderr if "public listener on" in line).split()[-1]
+        code, stderr = await refused_start(tmp_path / "other.db", "--public-address", taken)
+    assert code == 1
+    said = one_line_naming(stderr, Path(taken), "cannot listen")
+    assert "another port with --public-address HOST:PORT; port 0 takes a free one" in said, said

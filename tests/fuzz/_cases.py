@@ -36,6 +36,11 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def _values(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
+    items = schema.get("items")
+    if schema.get("type") == "array" and isinstance(items, dict) and items.get("type") == "object":
+        # An array of objects (a resume's history): its objects put together here too.
+        low = schema.get("minItems", 0)
+        return st.lists(_values(items), min_size=low, max_size=min(schema.get("maxItems", low + 5), low + 5))
     if schema.get("type") != "object":
         return from_schema(schema)
     required = set(schema.get("required", ()))

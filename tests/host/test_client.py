@@ -201,19 +201,28 @@ async def test_no_runner_listening_is_unreachable_and_never_delivered() -> None:
 
 
 def test_the_public_names_are_exported_once() -> None:
-    public = {name for name in vars(host) if not name.startswith("_")}
+    # Not identifiers: what pytest's assertion rewriting adds to a module of a plugin's package.
+    public = {name for name in vars(host) if name.isidentifier() and not name.startswith("_")}
     own = {
+        "CallLost",
+        "CallMoved",
         "ERRORS",
         "EventFollower",
+        "Failover",
+        "FailoverEvent",
         "EventsCursor",
         "FollowItem",
         "FollowStats",
+        "KNOWN_CLASSES",
+        "LiveKitRefused",
+        "LiveKitRooms",
         "Lost",
         "NoRunnerAvailable",
         "Placement",
         "RunnerClient",
         "RunnerPool",
         "RunnerState",
+        "RoomParticipant",
         "RunnerUnreachable",
         "SeqGap",
         "UnknownError",
@@ -222,7 +231,7 @@ def test_the_public_names_are_exported_once() -> None:
     wire = {"HostMessage", "JournalRecord", "SessionUpdate", "StartCallRequest"}
     codes = {cls.__name__ for cls in ERRORS.values()} | {"RunnerError"}
     assert public == own | wire | codes
-    for name in own - {"ERRORS", "FollowItem"}:
+    for name in own - {"ERRORS", "FollowItem", "KNOWN_CLASSES", "FailoverEvent"}:
         assert getattr(host, name).__module__.startswith("runner.host._"), name
     for name in wire:
-        assert getattr(host, name).__module__ == "runner.wire", name
+        assert getattr(host, name).__module__.startswith("runner.wire."), name

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from journal import open_journal
 from runner.host import (
+    KNOWN_CLASSES,
     CursorTooOld,
     EventsCursor,
     FollowItem,
@@ -272,3 +274,31 @@ async def test_a_session_id_used_again_once_its_records_were_pruned_starts_at_se
     # follower (which forgets a producer's seq at its curb.ended) takes the new call's records.
     assert again == [(1, "curb.started"), (2, "curb.messages"), (3, "curb.ended")] * 2
     assert records_of(items) == items and events.stats.duplicates == 0
+
+
+@pytest.mark.slow
+async def test_a_class_the_protocol_does_not_name_is_skipped_and_counted_unless_asked_for(
+    tmp_path: Path,
+) -> None:
+    # Older runners also wrote class `log`; a newer one may add others. Written to the file as
+    # such a runner would have, then served by this one.
+    journal = tmp_path / "j.db"
+    async with open_journal(journal) as old:
+        await old.append("runner", "log", {"line": "an older runner's diagnostics"})
+        await old.append("runner", "metrics", {"calls": 3})
+    async with (
+        start_runner(journal) as runner,
+        RunnerClient(runner.base_url, token=TOKEN) as client,
+    ):
+        async with client.follow_events(from_=0) as events:
+            ready = await collect(events, [], lambda items: len(items) >= 1)
+        (record,) = records_of(ready)
+        assert (record.cls, record.body["event"]) == ("lifecycle", "ready")
+        assert record.envelope == 3
+        assert events.stats.skipped == {"log": 1, "metrics": 1}
+
+        # A caller that knows a newer class asks for it; the rest are still skipped.
+        async with client.follow_events(from_=0, classes={*KNOWN_CLASSES, "metrics"}) as events:
+            got = await collect(events, [], lambda items: len(items) >= 2)
+        assert [r.cls for r in records_of(got)] == ["metrics", "lifecycle"]
+        assert events.stats.skipped == {"log": 1}

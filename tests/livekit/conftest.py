@@ -16,6 +16,7 @@ names (lk_harness, lk_peer), from this directory.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from lk_harness import (  # noqa: E402 - after the sys.path entry that makes tes
     LiveKitServer,
     find_livekit_server,
 )
+from lk_sip import SIP_INSTALL_HINT, SipEnv, SipStack, find_livekit_sip  # noqa: E402 - as above
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +86,38 @@ def livekit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKi
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def sip_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SipStack]:
+    """redis-server, livekit-server and LiveKit's SIP service in a namespace of their own."""
+    server = find_livekit_server()
+    sip = find_livekit_sip()
+    if server is None:
+        pytest.fail(f"livekit-server binary not found; {INSTALL_HINT}", pytrace=False)
+    if sip is None or shutil.which("baresip") is None:
+        pytest.fail(f"livekit-sip or baresip not found; {SIP_INSTALL_HINT}", pytrace=False)
+    stack = SipStack(server, sip, tmp_path_factory.mktemp("livekit-sip"))
+    try:
+        stack.start()
+    except HarnessError as exc:
+        stack.stop()
+        pytest.fail(f"could not start the SIP stack: {exc}\n{stack.log_tail()}", pytrace=False)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+async def sip(sip_stack: SipStack, tmp_path: Path) -> AsyncIterator[SipEnv]:
+    """The SIP stack as one test sees it: a LiveKitEnv on its server, and phones."""
+    if not sip_stack.alive():
+        pytest.fail(f"the SIP stack is not running:\n{sip_stack.log_tail()}", pytrace=False)
+    env = SipEnv(sip_stack, tmp_path)
+    try:
+        yield env
+    finally:
+        await env.aclose()
+    if not sip_stack.alive():
+        pytest.fail(f"the SIP stack died during the test:\n{sip_stack.log_tail()}", pytrace=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from runner.agent import LLM, STT, TTS, Agent, Context
+from runner.agent import LLM, STT, TTS, Agent, Context, transfer_call
 
 REPLY = "Thank you very much, my name is Mary."
 
@@ -128,3 +128,69 @@ web_fixed = Agent(
     adjustable={"host": ["tts.voice"]},
 )
 web_fixed.handlers = web.handlers
+
+
+# A phone line's agent (tests/livekit/test_sip.py): takes a PIN from the caller's keys (#
+# ends it) and says whether it is right, or transfers to the front desk on 0; presses the keys
+# a host message names; and tries to show the caller's app a notice, which a phone does not have.
+keypad = Agent(
+    "lk-keypad",
+    instructions="You take PINs.",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="hibari", voice="heart"),
+    greeting="Enter your PIN.",
+    state=lambda: {"pin": ""},
+)
+keypad.on_message("ops.notice", sender="host")(notice)
+
+
+@keypad.on_dtmf
+async def pin(ctx: Context, digit: str) -> str | None:
+    if digit == "0" and not ctx.state["pin"]:
+        # 0 first: the front desk, through the host (it dials the desk into the room).
+        moved = await transfer_call(ctx, "sip:desk@hotel", reason="front desk", timeout=10)
+        return "Connecting you to the front desk." if moved.outcome == "transferred" else "Nobody is there."
+    if digit != "#":
+        ctx.state["pin"] += digit
+        return None
+    entered, ctx.state["pin"] = ctx.state["pin"], ""
+    return "That PIN is right." if entered == "1234" else "That PIN is wrong."
+
+
+@keypad.on_message("press", sender="host")
+def press(ctx: Context, payload: dict[str, object]) -> None:
+    ctx.send.dtmf(str(payload["digits"]))
+
+
+def _back(ctx: Context) -> str:
+    said = [turn.text for turn in ctx.call.history if turn.role == "user"]
+    # One sentence: the voice speaks it without the pause it leaves between sentences.
+    return f"Sorry, the line dropped, you said: {said[-1]}" if said else "Sorry, the line dropped."
+
+
+# Picks up a call its runner dropped by saying back the caller's last words (tests/livekit/test_failover.py).
+resumer = Agent(
+    "lk-resumer",
+    instructions=f"{REPLY}",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="hibari", voice="heart"),
+    stt=STT(provider="whisper", language="en"),
+    greeting="Hello there.",
+    resume_line=_back,
+)
+
+
+def _opening(ctx: Context) -> str:
+    if ctx.call.direction == "outbound":
+        return "Hello, the hotel is calling you back."
+    return "Hello there."
+
+
+# Opens by the call's direction: a host that dialed the phone says so in the start request.
+dialer = Agent(
+    "lk-dialer",
+    instructions=f"{REPLY}",
+    llm=LLM(provider="local", model="local"),
+    tts=TTS(provider="hibari", voice="heart"),
+    greeting=_opening,
+)

@@ -41,6 +41,11 @@ API_SECRET = "curb-test-secret-0123456789abcdef0123456789"  # >= 32 chars
 HTTP_PORT = 7880  # signalling (WebSocket) and the HTTP API
 RTC_TCP_PORT = 7881  # ICE over TCP
 RTC_UDP_PORT = 7882  # ICE over UDP, one muxed port
+# The server's webhooks go to these management listeners in its namespace: the workers of the
+# failover tests listen there (`runner start --address 127.0.0.1:PORT`); elsewhere nobody does,
+# and the server logs the refused posts.
+WEBHOOK_PORTS = (7951, 7952)
+WEBHOOK_URLS = [f"http://127.0.0.1:{port}/v1/livekit/webhook" for port in WEBHOOK_PORTS]
 
 SERVER_START_TIMEOUT = 20.0
 SERVER_STOP_TIMEOUT = 5.0
@@ -201,7 +206,9 @@ class LiveKitServer:
         redis: str | None = None,
         name: str = "livekit-server",
         port_offset: int = 0,
+        webhooks: bool = False,
     ) -> None:
+        self.webhooks = webhooks
         self.binary = binary
         self.workdir = workdir
         self.owns_netns = netns is None
@@ -247,6 +254,10 @@ class LiveKitServer:
             "turn": {"enabled": False},
             "logging": {"level": "info"},
         }
+        if self.webhooks:
+            # Only where a test listens: posts nobody takes are retried for 15 s each, in
+            # order, and hold back every later event of a long-lived server.
+            config["webhook"] = {"api_key": self.api_key, "urls": WEBHOOK_URLS}
         if self.redis is not None:
             config["redis"] = {"address": self.redis}
         return config
@@ -345,6 +356,7 @@ class LiveKitCluster:
                 name=f"livekit-node{i}",
                 # Each node its own ports too: the RTC ports may bind every address.
                 port_offset=10 * i,
+                webhooks=True,  # a cluster lives for one test: the failover tests listen
             )
             for i, ip in enumerate((self.netns.server_ip, self.netns.peer_ip))
         ]
@@ -712,6 +724,16 @@ class Peer:
                     return msg
             await self._wait_change(deadline, what)
         raise PeerError(f"{what}: too many lines")
+
+    async def expect_since(
+        self, event: str, since: float, *, timeout: float = DEFAULT_TIMEOUT, **match: Any
+    ) -> dict[str, Any]:
+        """The first ``event`` matching ``match`` that happened after ``since`` (its ``at``,
+        monotonic time); earlier matches are dropped on the way."""
+        with trio.fail_after(timeout):
+            while (found := await self.expect(event, timeout=timeout, **match))["at"] < since:
+                pass
+        return found
 
     async def _stop(self) -> None:
         if self.proc.returncode is None and not self._eof:

@@ -68,6 +68,19 @@ Ops:
   list_participants room               -> {participants: [{identity, kind}]}
   list_dispatch    room                -> {dispatches: [{id, agent_name, jobs: [{id, status,
                                        error, worker_id, participant_identity}]}]}
+  sip_inbound_trunk numbers            SIPService.create_inbound_trunk -> {trunk_id}
+  sip_dispatch_rule [room_prefix | room] [agent_name] [metadata] [trunk_ids]
+                                       an individual (room_prefix) or direct (room) rule,
+                                       dispatching agent_name when given -> {rule_id}
+  sip_outbound_trunk address numbers   SIPService.create_outbound_trunk -> {trunk_id}
+  sip_dial         trunk_id number room identity [attributes] [wait]
+                                       SIPService.create_sip_participant ->
+                                       {participant_identity, sip_call_id}
+  sip_transfer     room identity to    SIPService.transfer_sip_participant (a SIP REFER)
+  list_rooms                           -> {rooms: [name]}
+  set_attributes   room identity attributes      RoomService.update_participant: change
+                                       another participant's attributes (as LiveKit's SIP
+                                       service changes sip.callStatus)
   quit                                 disconnect and exit
 
 This is test code: the livekit SDK is asyncio, so this program is asyncio.
@@ -564,6 +577,86 @@ class PeerProgram:
                 for p in answer.participants
             ]
         }
+
+    async def op_sip_inbound_trunk(self, req: dict[str, Any]) -> dict[str, Any]:
+        trunk = api.SIPInboundTrunkInfo(name="curb-test", numbers=list(req["numbers"]))
+        async with self.server_api() as lkapi:
+            made = await lkapi.sip.create_inbound_trunk(api.CreateSIPInboundTrunkRequest(trunk=trunk))
+        return {"trunk_id": made.sip_trunk_id}
+
+    async def op_sip_dispatch_rule(self, req: dict[str, Any]) -> dict[str, Any]:
+        if "room" in req:
+            rule = api.SIPDispatchRule(dispatch_rule_direct=api.SIPDispatchRuleDirect(room_name=req["room"]))
+        else:
+            rule = api.SIPDispatchRule(
+                dispatch_rule_individual=api.SIPDispatchRuleIndividual(
+                    room_prefix=req.get("room_prefix", "call-")
+                )
+            )
+        room_config = None
+        if "agent_name" in req:
+            room_config = api.RoomConfiguration(
+                agents=[api.RoomAgentDispatch(agent_name=req["agent_name"], metadata=req.get("metadata", ""))]
+            )
+        info = api.SIPDispatchRuleInfo(rule=rule, trunk_ids=list(req.get("trunk_ids", [])), name="curb-test")
+        if room_config is not None:
+            info.room_config.CopyFrom(room_config)
+        async with self.server_api() as lkapi:
+            made = await lkapi.sip.create_dispatch_rule(api.CreateSIPDispatchRuleRequest(dispatch_rule=info))
+        return {"rule_id": made.sip_dispatch_rule_id}
+
+    async def op_sip_outbound_trunk(self, req: dict[str, Any]) -> dict[str, Any]:
+        trunk = api.SIPOutboundTrunkInfo(
+            name="curb-test", address=req["address"], numbers=list(req["numbers"])
+        )
+        async with self.server_api() as lkapi:
+            made = await lkapi.sip.create_outbound_trunk(api.CreateSIPOutboundTrunkRequest(trunk=trunk))
+        return {"trunk_id": made.sip_trunk_id}
+
+    async def op_sip_dial(self, req: dict[str, Any]) -> dict[str, Any]:
+        request = api.CreateSIPParticipantRequest(
+            sip_trunk_id=req["trunk_id"],
+            sip_call_to=req["number"],
+            room_name=req["room"],
+            participant_identity=req["identity"],
+            participant_attributes=dict(req.get("attributes", {})),
+            wait_until_answered=bool(req.get("wait", False)),
+        )
+        async with self.server_api() as lkapi:
+            made = await lkapi.sip.create_sip_participant(request)
+        return {"participant_identity": made.participant_identity, "sip_call_id": made.sip_call_id}
+
+    async def op_sip_transfer(self, req: dict[str, Any]) -> dict[str, Any]:
+        request = api.TransferSIPParticipantRequest(
+            room_name=req["room"], participant_identity=req["identity"], transfer_to=req["to"]
+        )
+        async with self.server_api() as lkapi:
+            await lkapi.sip.transfer_sip_participant(request)
+        return {}
+
+    async def op_room_metadata(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The metadata the server holds for ``room`` now (``None``: no such room)."""
+        async with self.server_api() as lkapi:
+            answer = await lkapi.room.list_rooms(api.ListRoomsRequest(names=[req["room"]]))
+        return {"metadata": next((r.metadata for r in answer.rooms if r.name == req["room"]), None)}
+
+    async def op_set_room_metadata(self, req: dict[str, Any]) -> None:
+        async with self.server_api() as lkapi:
+            await lkapi.room.update_room_metadata(
+                api.UpdateRoomMetadataRequest(room=req["room"], metadata=req["metadata"])
+            )
+
+    async def op_set_attributes(self, req: dict[str, Any]) -> None:
+        request = api.UpdateParticipantRequest(
+            room=req["room"], identity=req["identity"], attributes=dict(req["attributes"])
+        )
+        async with self.server_api() as lkapi:
+            await lkapi.room.update_participant(request)
+
+    async def op_list_rooms(self, req: dict[str, Any]) -> dict[str, Any]:
+        async with self.server_api() as lkapi:
+            answer = await lkapi.room.list_rooms(api.ListRoomsRequest())
+        return {"rooms": sorted(r.name for r in answer.rooms)}
 
     @contextlib.asynccontextmanager
     async def server_api(self) -> AsyncIterator[api.LiveKitAPI]:

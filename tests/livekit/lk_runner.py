@@ -28,6 +28,7 @@ from tests.runner_process import READY_PREFIX, TOKEN, EventsStream, RunnerProces
 
 AGENTS = Path(__file__).with_name("lk_agents.py")
 AGENT_IDENTITY = "agent"
+READY_TIMEOUT_S = 60
 
 
 def agent_spec(name: str = "agent") -> str:
@@ -120,6 +121,26 @@ class Host:
         return [r for r in lines if r.get("producer") == session_id]
 
 
+# -- reading a call's records ----------------------------------------------------------------
+
+
+def events(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The payloads of the conversation events called ``name``."""
+    return [
+        r["body"]["payload"]
+        for r in records
+        if r["body"].get("type") == "event" and r["body"]["name"] == name
+    ]
+
+
+def turns(records: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
+    return [r["body"] for r in records if r["body"].get("type") == "turn" and r["body"]["role"] == role]
+
+
+def words(text: str) -> set[str]:
+    return {w.strip(".,!?").lower() for w in text.split()} - {""}
+
+
 def _name(record: dict[str, Any]) -> str | None:
     body = record.get("body", {})
     return body.get("name") if body.get("type") == "event" else None
@@ -161,6 +182,7 @@ async def open_runner(
     command: str = "serve",
     env: dict[str, str] | None = None,
     source: Path = REPO,
+    ready_timeout: float = READY_TIMEOUT_S,
 ) -> AsyncIterator[Host]:
     """``runner COMMAND AGENT`` inside the namespace, ready; killed (by pid) on exit.
 
@@ -193,8 +215,12 @@ async def open_runner(
             nursery.start_soon(runner._pump, process.stdout, runner.stdout)
             nursery.start_soon(runner._pump, process.stderr, runner.stderr)
             try:
+                # Warm-up loads the voice, the recognizer and the VAD: about 5 s of CPU, which a
+                # machine shared with other work (a load average of 15 on 2 cores) stretches
+                # past 20 s.
                 await runner.wait_for(
-                    lambda: any(line.startswith(READY_PREFIX) for line in runner.stdout), timeout=30
+                    lambda: any(line.startswith(READY_PREFIX) for line in runner.stdout),
+                    timeout=ready_timeout,
                 )
                 runner.address = next(e["address"] for e in runner.lifecycle if e["event"] == "ready")
                 yield Host(livekit, runner)

@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from array import array
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import trio
 from lk_harness import LiveKitEnv, LiveKitServer, Peer, PeerError, find_livekit_server
-from lk_runner import AGENT_IDENTITY, REPO, agent_spec, open_runner
+from lk_runner import AGENT_IDENTITY, REPO, agent_spec, events, open_runner, turns, words
 
 from runner.providers.espeak import EspeakTTS
 from runner.providers.whisper import WhisperSTT
@@ -32,22 +33,6 @@ CLEAR_VOICE = "en-us+f2"
 AGENT_VOICE = "heart"
 SENTENCE = "Thank you very much, my name is John."
 PROBE = Path(__file__).with_name("lk_transport_probe.py")
-
-
-def events(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [
-        r["body"]["payload"]
-        for r in records
-        if r["body"].get("type") == "event" and r["body"]["name"] == name
-    ]
-
-
-def turns(records: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
-    return [r["body"] for r in records if r["body"].get("type") == "turn" and r["body"]["role"] == role]
-
-
-def words(text: str) -> set[str]:
-    return {w.strip(".,!?").lower() for w in text.split()} - {""}
 
 
 async def speech_file(path: Path, text: str, *, lead_s: float = 1.0, tail_s: float = 1.5) -> tuple[Path, int]:
@@ -231,6 +216,36 @@ async def test_a_bad_token_or_url_is_start_failed(livekit: LiveKitEnv, tmp_path:
         async with livekit.peer("caller", room) as caller:
             assert (await host.start_call("good", room)).status == 202
             await caller.request("wait_participant", identity=AGENT_IDENTITY)
+
+
+async def test_a_ringing_phone_hears_the_greeting_once_it_is_answered(
+    livekit: LiveKitEnv, tmp_path: Path
+) -> None:
+    # A phone as LiveKit's SIP service puts one in the room: kind SIP, sip.callStatus ringing
+    # until the service answers it (here the control participant says so, as the service does).
+    room = livekit.unique_room("ringing")
+    phone_id = "sip_+15550100"
+    async with (
+        open_runner(livekit, tmp_path / "journal.db") as host,
+        livekit.peer("control", livekit.unique_room("control")) as control,
+        livekit.peer(phone_id, room, kind="sip", attributes={"sip.callStatus": "ringing"}) as phone,
+    ):
+        await phone.request("publish_mic")
+        assert (await host.start_call("ringing", room)).status == 202
+        await phone.request("wait_participant", identity=AGENT_IDENTITY)
+        await phone.request("record", identity=AGENT_IDENTITY)
+        # While it rings, the agent keeps its opening line.
+        with pytest.raises(PeerError):
+            await phone.request("wait_speech", within=6, timeout=10)
+        answered_at = time.monotonic()
+        await control.request(
+            "set_attributes", room=room, identity=phone_id, attributes={"sip.callStatus": "active"}
+        )
+        greeting = await phone.request("wait_speech", after=answered_at, within=20, timeout=25)
+        assert greeting["first_loud_at"] > answered_at
+        assert (await host.stop_call("ringing")).status == 200
+        records = await host.read_call("ringing")
+    assert turns(records, "assistant")[0]["text"] == "Hello there."
 
 
 async def test_a_phone_caller_and_a_second_phone_is_a_transfer_target(

@@ -12,8 +12,6 @@ import json
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +19,13 @@ import pytest
 import trio
 from lk_harness import LiveKitCluster, LiveKitEnv, Peer
 from lk_runner import REPO, Host, agent_spec, open_runner
+from lk_workers import follow, started, wait_for
 
 pytestmark = [pytest.mark.livekit, pytest.mark.slow]
 
 
 def worker_args(agent_name: str, *extra: str) -> tuple[str, ...]:
     return ("--agent-name", agent_name, "--address", "127.0.0.1:0", *extra)
-
-
-def started(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every ``curb.started`` payload among ``records``, with its producer."""
-    return [
-        {"session": r["producer"], **r["body"]["payload"]}
-        for r in records
-        if r["body"].get("type") == "event" and r["body"].get("name") == "curb.started"
-    ]
 
 
 def ended(records: list[dict[str, Any]]) -> dict[str, str]:
@@ -52,56 +42,6 @@ async def read_all(host: Host, until: Any, *, within: float = 30) -> list[dict[s
         async with host.open_events() as events:
             assert events.status == 200, events.body
             return await events.lines(until=until)
-
-
-class Follower:
-    """One worker's events stream, read from the start for as long as the test runs."""
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self.records: list[dict[str, Any]] = []
-        self._changed = trio.Event()
-
-    @property
-    def rooms(self) -> dict[str, str]:
-        """Job id -> room, of every call this worker started."""
-        return {call["session"]: call["job"]["room"] for call in started(self.records)}
-
-    async def _read(self) -> None:
-        async with self.host.open_events() as events:
-            assert events.status == 200, events.body
-            while True:
-                lines = await events.lines(count=1)
-                if not lines:
-                    return
-                self.records.extend(line for line in lines if "body" in line)
-                self._changed.set()
-                self._changed = trio.Event()
-
-
-@asynccontextmanager
-async def follow(*hosts: Host) -> AsyncIterator[list[Follower]]:
-    followers = [Follower(host) for host in hosts]
-    async with trio.open_nursery() as nursery:
-        for follower in followers:
-            nursery.start_soon(follower._read)
-        yield followers
-        nursery.cancel_scope.cancel()
-
-
-async def wait_for(followers: list[Follower], holds: Callable[[], bool], *, within: float = 30) -> None:
-    with trio.move_on_after(within):
-        while not holds():
-            async with trio.open_nursery() as nursery:
-                for follower in followers:
-
-                    async def changed(f: Follower = follower) -> None:
-                        await f._changed.wait()
-                        nursery.cancel_scope.cancel()
-
-                    nursery.start_soon(changed)
-        return
-    raise AssertionError(f"not within {within} s: {[f.rooms for f in followers]}")
 
 
 async def replay_journal(journal: Path) -> list[dict[str, Any]]:

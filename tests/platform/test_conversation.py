@@ -12,13 +12,11 @@ import attrs
 import trio
 
 from journal import open_agent_store
-from runner.agent import LLM, TTS, Agent
-from runner.agent._runtime import AgentRuntime, choose_experiments
+from runner.agent import LLM, TTS, Agent, AgentRuntime, choose_experiments
 from runner.calls import CallContext
-from runner.platform import Conversation, Platform, TurnRequest
-from runner.platform._events import ConversationEvent, TurnClosed
-from runner.transports.loopback import LoopbackSession
-from runner.voice.engine import AudioData, AudioEnd
+from runner.platform import Conversation, ConversationEvent, Platform, TurnClosed, TurnRequest
+from runner.transports.websocket import InoCall
+from runner.voice.events import AudioData, AudioEnd
 
 AGENT = Agent(
     "platform-test",
@@ -58,15 +56,16 @@ async def open_conversation(tmp_path: Path) -> AsyncIterator[tuple[Conversation,
         experiments=choose_experiments(AGENT, "conv-1", {}, None),
     )
     runtime = AgentRuntime(AGENT, call, None, host_connected=False)
-    session = LoopbackSession("app")
     async with open_agent_store(tmp_path / "store.db") as store, trio.open_nursery() as nursery:
         platform = Platform(store, AGENT)
         # The person and their conversation, as the ephemeral-key routes make them.
         minted = await platform.mint_key(end_user_id="eu_test", ttl_seconds=600, credit_limit=None)
         row = await platform.create_conversation(minted.row)
         await nursery.start(platform.serve)
-        nursery.start_soon(runtime.run, session, session.events)
         with platform.open_conversation(row.conversation_id) as conversation:
+            # The call's session is the agent WebSocket's: the agent's voice reaches the person through it.
+            session = InoCall(conversation, lambda: False)
+            nursery.start_soon(runtime.run, session, session.events)
             yield conversation, runtime, minted.row.token_id
         nursery.cancel_scope.cancel()
 

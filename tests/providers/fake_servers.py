@@ -89,6 +89,7 @@ class _FakeService:
         self.root = ""
         self.requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
+        self._arrived = trio.Event()
 
     def enqueue(self, *replies: Reply) -> None:
         self._replies.extend(replies)
@@ -100,6 +101,11 @@ class _FakeService:
 
     def answer(self, request: Recorded) -> Reply:
         raise NotImplementedError
+
+    async def wait_requests(self, count: int) -> None:
+        """Wait until ``count`` requests have come in (the caller bounds the wait)."""
+        while len(self.requests) < count:
+            await self._arrived.wait()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -129,6 +135,8 @@ class _FakeService:
             client_port=scope["client"][1],
         )
         self.requests.append(request)
+        self._arrived.set()
+        self._arrived = trio.Event()
         reply = self.answer(request)
         await send(
             {

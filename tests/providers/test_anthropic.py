@@ -19,18 +19,19 @@ from fake_servers import (
 )
 
 from runner.providers import (
-    LLM,
     AnthropicLLM,
     ChatMessage,
+    ChatModel,
     LLMEvent,
     ProviderError,
     TextDelta,
+    ThoughtDelta,
     ToolCall,
     ToolSpec,
     Usage,
     make_llm,
+    reports_thoughts,
 )
-from runner.providers._types import ThoughtDelta, reports_thoughts
 
 KEY = "sk-ant-test-Secret-0123456789"
 MODEL = "claude-sonnet-4-5-20250929"
@@ -62,11 +63,15 @@ def llm_for(fake: FakeAnthropic, key: str = KEY) -> AnthropicLLM:
     return AnthropicLLM("claude-sonnet-4-5", api_key=key, base_url=fake.base_url, max_tokens=256)
 
 
-async def collect(llm: LLM, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()) -> list[LLMEvent]:
+async def collect(
+    llm: ChatModel, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()
+) -> list[LLMEvent]:
     return [event async for event in llm.stream(messages, tools)]
 
 
-async def collect_until_error(llm: LLM, messages: list[ChatMessage]) -> tuple[list[LLMEvent], ProviderError]:
+async def collect_until_error(
+    llm: ChatModel, messages: list[ChatMessage]
+) -> tuple[list[LLMEvent], ProviderError]:
     seen: list[LLMEvent] = []
     with pytest.raises(ProviderError) as caught:
         async for event in llm.stream(messages):

@@ -8,7 +8,7 @@ import pytest
 from fake_servers import Reply, json_reply, open_fake_server
 from fake_speech_servers import AZURE_PATH, FakeAzureSpeech, read_wav
 
-from runner.providers import STT, AzureSTT, OpenAISTT, ProviderError, make_stt
+from runner.providers import AzureSTT, OpenAISTT, ProviderError, Recognizer, make_stt
 
 KEY = "az-test-Secret-0123456789abcdef"
 
@@ -27,7 +27,7 @@ def stt_for(fake: FakeAzureSpeech, language: str = "de-DE") -> AzureSTT:
 
 async def test_sends_a_16khz_wav_with_key_and_locale(fake: FakeAzureSpeech) -> None:
     stt = stt_for(fake, "de-de")
-    assert isinstance(stt, STT) and stt.language == "de-DE"
+    assert isinstance(stt, Recognizer) and stt.language == "de-DE"
     pcm = b"\x01\x00" * 48_000  # one second at 48 kHz
     result = await stt.transcribe(pcm, 48_000)
     assert result.text == "heard 16000 frames at 16000 Hz in de-DE"

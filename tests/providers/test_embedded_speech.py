@@ -19,9 +19,7 @@ import pytest
 from runner.agent import LLM, TTS
 from runner.agent._settings_live import check_update
 from runner.errors import InvalidSettings
-from runner.providers import STT as STTProtocol
-from runner.providers import TTS as TTSProtocol
-from runner.providers import make_stt, make_tts
+from runner.providers import Recognizer, Synthesizer, make_stt, make_tts
 from runner.providers.hibari import HibariTTS, UnsupportedVoice
 from runner.providers.whisper import MODEL_SHA256, ModelRefused, WhisperSTT, drop_reread, model_dir
 from runner.voice.audio import resample_s16le
@@ -42,7 +40,7 @@ async def speak(tts: HibariTTS, text: str) -> list[bytes]:
 async def test_hibari_speaks_sentence_by_sentence_and_whisper_hears_every_word() -> None:
     tts = make_tts("hibari")
     stt = make_stt("whisper", language="en")
-    assert isinstance(tts, TTSProtocol) and isinstance(stt, STTProtocol)
+    assert isinstance(tts, Synthesizer) and isinstance(stt, Recognizer)
     assert (tts.provider, tts.voice, tts.sample_rate_hz) == ("hibari", "heart", 24_000)
     assert (stt.provider, stt.language) == ("whisper", "en")
     chunks = await speak(tts, SENTENCE)
@@ -65,6 +63,16 @@ async def test_hibari_starts_speaking_at_once() -> None:
     ]
     first_sound_ms = 10 * next(i for i, level in enumerate(levels) if level > 32768 * 10 ** (-45 / 20))
     assert first_sound_ms <= 30  # was 310; 70 from the first sample over -60 dBFS, 90 with 30 ms more
+
+
+async def test_whisper_takes_a_prompt_as_the_text_before_the_speech() -> None:
+    tts = HibariTTS()
+    pcm = b"".join([chunk async for chunk in tts.synthesize("Uh-huh.")])
+    stt = WhisperSTT()
+    plain = await stt.transcribe(pcm, tts.sample_rate_hz)
+    hinted = await stt.transcribe(pcm, tts.sample_rate_hz, prompt="Mm-hm. Uh-huh. Yeah.")
+    assert "uh-huh" not in plain.text.lower()  # tiny.en alone hears "It's hot."
+    assert hinted.text.lower().strip(".") == "uh-huh"
 
 
 async def test_whisper_hears_no_words_in_silence_or_noise() -> None:
@@ -178,11 +186,12 @@ def test_the_packaged_model_is_the_recorded_one() -> None:
     check_model(model_dir())
 
 
-def test_whisper_takes_english_only() -> None:
+def test_whisper_takes_the_languages_it_knows() -> None:
+    # Other languages than English: tests/providers/test_multilingual.py.
     for language in (None, "en", "en-US", "EN-gb"):
         assert WhisperSTT(language).language == language
-    with pytest.raises(ValueError, match="hears only English"):
-        make_stt("whisper", language="de")
+    with pytest.raises(ValueError, match="no language 'klingon'"):
+        make_stt("whisper", language="klingon")
 
 
 def test_only_voices_inside_the_wheel_are_offered() -> None:

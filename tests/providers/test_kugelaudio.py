@@ -17,7 +17,7 @@ from fake_speech_servers import (
     kugel_final,
 )
 
-from runner.providers import TTS, KugelAudioTTS, KugelAudioVoice, ProviderError, make_tts
+from runner.providers import KugelAudioTTS, KugelAudioVoice, ProviderError, Synthesizer, make_tts
 
 KEY = "kg-test-Secret-0123456789abcdef"
 VOICES = [
@@ -53,7 +53,7 @@ async def collect_until_error(tts: KugelAudioTTS, text: str) -> tuple[list[bytes
 
 async def test_request_carries_voice_model_and_key(fake: FakeKugelAudio) -> None:
     tts = tts_for(fake, "268", model="kugel-2-turbo", language="de")
-    assert isinstance(tts, TTS)
+    assert isinstance(tts, Synthesizer)
     assert tts.voice == 268 and tts.sample_rate_hz == 24_000
     audio = b"".join([c async for c in tts.synthesize("Hallo Welt")])
     session = fake.sessions[-1]

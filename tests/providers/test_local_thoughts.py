@@ -3,8 +3,16 @@ followed, before its reply, only when asked."""
 
 from __future__ import annotations
 
-from runner.providers import ChatMessage, LocalLLM, TextDelta, ToolCall, ToolSpec, Usage
-from runner.providers._types import ThoughtDelta, reports_thoughts
+from runner.providers import (
+    ChatMessage,
+    LocalLLM,
+    TextDelta,
+    ThoughtDelta,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    reports_thoughts,
+)
 
 WEATHER = ToolSpec(
     name="weather",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import trio
 
-from runner.providers._types import STT, TTS, ProviderError, Transcript
+from runner.providers import ProviderError, Recognizer, Synthesizer, Transcript
 from runner.providers.espeak import EspeakTTS, UnsupportedVoice
 from runner.providers.pocketsphinx import PocketsphinxSTT, UnsupportedLanguage
 from runner.voice.audio import frames, pcm_seconds, resample_s16le
@@ -57,7 +57,7 @@ def overlap(heard: str) -> set[str]:
 
 async def test_espeak_speaks_a_sentence_as_22050_hz_pcm_in_chunks() -> None:
     tts = EspeakTTS("en-us")
-    assert isinstance(tts, TTS)
+    assert isinstance(tts, Synthesizer)
     assert (tts.provider, tts.voice, tts.sample_rate_hz) == ("espeak", "en-us", 22_050)
 
     chunks = [chunk async for chunk in tts.synthesize("The weather is sunny today.")]
@@ -144,7 +144,7 @@ def test_espeak_lists_voices_and_variants() -> None:
 
 async def test_pocketsphinx_transcribes_espeak_speech() -> None:
     stt = PocketsphinxSTT()
-    assert isinstance(stt, STT)
+    assert isinstance(stt, Recognizer)
     assert (stt.provider, stt.language) == ("pocketsphinx", None)
     pcm = await speak(EspeakTTS(CLEAR_VOICE), SENTENCE)
     padded = silence(0.5) + pcm + silence(0.5)

@@ -25,15 +25,15 @@ from fake_servers import (
 )
 
 from runner.providers import (
-    LLM,
-    STT,
-    TTS,
     ChatMessage,
+    ChatModel,
     LLMEvent,
     OpenAILLM,
     OpenAISTT,
     OpenAITTS,
     ProviderError,
+    Recognizer,
+    Synthesizer,
     TextDelta,
     ToolCall,
     ToolSpec,
@@ -70,11 +70,15 @@ def llm_for(fake: FakeOpenAI, http: httpx.AsyncClient | None = None) -> OpenAILL
     return OpenAILLM("gpt-4o-mini", api_key=KEY, base_url=fake.base_url, http=http)
 
 
-async def collect(llm: LLM, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()) -> list[LLMEvent]:
+async def collect(
+    llm: ChatModel, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()
+) -> list[LLMEvent]:
     return [event async for event in llm.stream(messages, tools)]
 
 
-async def collect_until_error(llm: LLM, messages: list[ChatMessage]) -> tuple[list[LLMEvent], ProviderError]:
+async def collect_until_error(
+    llm: ChatModel, messages: list[ChatMessage]
+) -> tuple[list[LLMEvent], ProviderError]:
     seen: list[LLMEvent] = []
     with pytest.raises(ProviderError) as caught:
         async for event in llm.stream(messages):
@@ -412,7 +416,7 @@ async def test_tts_streams_whole_samples(fake: FakeOpenAI) -> None:
     pieces = (pcm[:3], pcm[3:8], pcm[8:1001], pcm[1001:])
     fake.enqueue(Reply(headers=(("content-type", "audio/pcm"),), chunks=pieces))
     tts = OpenAITTS("gpt-4o-mini-tts", voice="coral", api_key=KEY, base_url=fake.base_url)
-    assert isinstance(tts, TTS)
+    assert isinstance(tts, Synthesizer)
     assert tts.sample_rate_hz == 24_000
     chunks = [chunk async for chunk in tts.synthesize("Hello there.")]
     assert b"".join(chunks) == pcm
@@ -451,7 +455,7 @@ async def test_tts_errors_are_mapped(fake: FakeOpenAI) -> None:
 
 async def test_stt_sends_a_wav_of_the_pcm(fake: FakeOpenAI) -> None:
     stt = OpenAISTT("whisper-1", language="en", api_key=KEY, base_url=fake.base_url)
-    assert isinstance(stt, STT)
+    assert isinstance(stt, Recognizer)
     transcript = await stt.transcribe(tone(16_000), 16_000)
     assert transcript.text == "heard 16000 frames at 16000 Hz, 16 bit, 1 channel"
     assert transcript.audio_seconds == 1.0
@@ -460,6 +464,14 @@ async def test_stt_sends_a_wav_of_the_pcm(fake: FakeOpenAI) -> None:
     assert request.headers["content-type"].startswith("multipart/form-data; boundary=")
     assert b'name="model"\r\n\r\nwhisper-1' in request.body
     assert b'name="language"\r\n\r\nen' in request.body
+    assert b'name="prompt"' not in request.body
+
+
+async def test_stt_sends_a_prompt_as_the_services_prompt(fake: FakeOpenAI) -> None:
+    stt = OpenAISTT("whisper-1", api_key=KEY, base_url=fake.base_url)
+    await stt.transcribe(tone(16_000), 16_000, prompt="Mm-hm. Uh-huh.")
+    [request] = fake.requests
+    assert b'name="prompt"\r\n\r\nMm-hm. Uh-huh.' in request.body
 
 
 async def test_stt_unauthorized(fake: FakeOpenAI) -> None:

@@ -16,7 +16,8 @@ import trio
 
 from runner.providers import ChatMessage, LLMEvent, ProviderError, TextDelta, ToolCall, ToolSpec, Usage
 from runner.providers.espeak import EspeakTTS
-from runner.voice.engine import (
+from runner.voice.engine import ToolOutcome, Turn, TurnPlan
+from runner.voice.events import (
     AudioData,
     AudioEnd,
     AudioStart,
@@ -25,12 +26,9 @@ from runner.voice.engine import (
     ReplyDelta,
     SpeechFailed,
     ToolEnded,
-    ToolOutcome,
     ToolStarted,
-    Turn,
     TurnEvent,
     TurnFinished,
-    TurnPlan,
     TurnResult,
     TurnStarted,
     UsageReported,

@@ -8,9 +8,18 @@ from collections.abc import AsyncGenerator, Sequence
 import trio
 from test_engine import Recorder, ScriptedLLM
 
-from runner.providers import ChatMessage, LLMEvent, LocalLLM, TextDelta, ToolCall, ToolSpec, Usage
-from runner.providers._types import ThoughtDelta
-from runner.voice.engine import ReplyChunk, ReplyDelta, Thought, ToolOutcome, Turn, TurnPlan, UsageReported
+from runner.providers import (
+    ChatMessage,
+    LLMEvent,
+    LocalLLM,
+    TextDelta,
+    ThoughtDelta,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+from runner.voice.engine import ToolOutcome, Turn, TurnPlan
+from runner.voice.events import ReplyChunk, ReplyDelta, Thought, UsageReported
 
 WEATHER = ToolSpec(
     name="weather",
@@ -106,5 +115,5 @@ async def test_local_model_thoughts_through_tool_rounds() -> None:
         "Looking at the tools: weather matches 'weather'.",
         "The tool results are in: I pass them on.",
     ]
-    assert result.text == "Here is what I found: Sunny in Lisbon."
+    assert result.text == "Sunny in Lisbon."
     assert all("Looking at the tools" not in m.content for m in history)

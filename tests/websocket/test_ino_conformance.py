@@ -338,9 +338,7 @@ async def test_mute_stops_the_voice_and_the_turn_still_finishes(speaking: Addres
         assert kinds[-2:] == ["muted", "turn.done"]
         assert "audio.start" not in kinds and kinds.count("text.chunk") == 3
         done = frames[-1]
-        assert done["chunks_spoken"] == 0 and done["message"].startswith(
-            "Here is what I found: The spa page is open."
-        )
+        assert done["chunks_spoken"] == 0 and done["message"].startswith("The spa page is open.")
         # Mute applies to that turn only: the next one speaks.
         after = await sock.say("When is checkout?")
         assert "muted" not in types(after) and after[-1]["chunks_spoken"] == 1
@@ -391,7 +389,7 @@ async def test_tool_result_answers_an_app_tool_call(speaking: Addresses) -> None
         end = next(f for f in frames if f["type"] == "tool.end")
         assert (end["ok"], end["kind"], end["call_id"]) == (True, "app", call["call_id"])
         done = frames[-1]
-        assert done["message"] == 'Here is what I found: {"opened": "spa"}.'
+        assert done["message"] == "Opened: spa."  # a JSON result is said as words
         assert done["tool_calls"] == [
             {
                 "call_id": call["call_id"],
@@ -456,9 +454,7 @@ async def test_a_tools_filler_line_is_said_between_tool_start_and_tool_end(speak
         assert said["text"] == "One moment, I am calling the front desk."
         assert any(f["type"] == "audio.start" and f["chunk"] == said["chunk"] for f in frames)
         done = frames[-1]
-        assert done["message"].startswith(
-            "One moment, I am calling the front desk. Here is what I found: A taxi to"
-        )
+        assert done["message"].startswith("One moment, I am calling the front desk. A taxi to")
         sock.checker.finish()
 
 
@@ -484,7 +480,7 @@ async def test_tool_confirmed_yes_runs_the_tool_before_the_reply(speaking: Addre
         )
         assert kinds.index("tool.end") < kinds.index("text.delta")
         done = frames[-1]
-        assert done["message"] == "Here is what I found: A table for 4 is booked for tonight."
+        assert done["message"] == "A table for 4 is booked for tonight."
         assert (
             done["tool_calls"][0]["ok"] is True
             and done["tool_calls"][0]["result"] == "A table for 4 is booked for tonight."

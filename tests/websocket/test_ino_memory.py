@@ -148,7 +148,7 @@ async def test_knowledge_through_the_platform_search_tool(tmp_path: Path) -> Non
                 "entries": [{"entry_id": "pool", "title": "Rooftop pool", "score": 1.0}],
             }
             done = frames[-1]
-            assert done["message"] == f"Here is what I found: {POOL}"
+            assert done["message"] == f"{POOL}"
             assert done["tool_calls"] == []  # the platform's own calls are not the app's tools
 
             miss = await sock.say("Search knowledge for a sauna")
@@ -158,7 +158,7 @@ async def test_knowledge_through_the_platform_search_tool(tmp_path: Path) -> Non
                 "outcome": "none",
                 "entries": [],
             }
-            assert miss[-1]["message"] == "Here is what I found: Nothing in the knowledge base about sauna."
+            assert miss[-1]["message"] == "Nothing in the knowledge base about sauna."
             # An agent that keeps no relationship and reports no moods says so.
             assert sock.ready["relation"] is None and sock.ready["emotion"] is False
             assert miss[-1]["mood"] is None and [f for f in miss if f["type"] == "mood"] == []
@@ -193,7 +193,7 @@ async def test_relations_count_conversations_and_notes_across_a_restart_and_comp
                 "platform",
                 None,
             )
-            assert frames[-1]["message"] == "Here is what I found: Noted: guest prefers quiet rooms."
+            assert frames[-1]["message"] == "Noted: guest prefers quiet rooms."
             moved = await _after_turn(sock)
             assert [f["type"] for f in moved] == ["relation"]
             assert moved[0]["turn"] == frames[-1]["turn"]

@@ -1,6 +1,6 @@
 """The socket's send path: what waits while a write is in flight is joined, never reordered.
 
-The driver (:class:`~runner.transports.websocket._connection.Connection`) runs for real over
+The driver (:class:`~runner.transports.websocket.Connection`) runs for real over
 a real Runner, journal, agent store and platform in this process; only the server's
 WebSocket under it is a stand-in (``StalledWire``) whose writes hang until the test lets
 them go, as a client that reads nothing for a while makes them hang.
@@ -18,13 +18,11 @@ import attrs
 import trio
 
 from journal import open_agent_store, open_journal
-from runner.agent import LLM, TTS, Agent
-from runner.agent._runtime import choose_experiments, conversation_factory
+from runner.agent import LLM, TTS, Agent, choose_experiments, conversation_factory
 from runner.calls import Runner
 from runner.config import Config
-from runner.transports.websocket import AgentSocketService, AgentSocketSetup, WebSocketTransport
-from runner.transports.websocket._connection import Connection
-from runner.voice.engine import AudioData, ReplyDelta, TurnEvent, TurnFinished
+from runner.transports.websocket import AgentSocketService, AgentSocketSetup, Connection, WebSocketTransport
+from runner.voice.events import AudioData, ReplyDelta, TurnEvent, TurnFinished
 
 from .ino_checker import FrameChecker
 
@@ -44,6 +42,7 @@ class StalledWire:
     flowing: trio.Event = attrs.Factory(trio.Event)
     sent: list[str | bytes] = attrs.Factory(list)
     closed: tuple[int, str] | None = None
+    _more: trio.Event = attrs.Factory(trio.Event)
 
     @property
     def requested_subprotocols(self) -> list[str]:
@@ -58,6 +57,13 @@ class StalledWire:
     async def send(self, data: str | bytes) -> None:
         await self.flowing.wait()
         self.sent.append(data)
+        self._more.set()
+        self._more = trio.Event()
+
+    async def wait_sent(self, predicate: Callable[[list[str | bytes]], bool]) -> None:
+        """Wait until what was written so far satisfies ``predicate``."""
+        while not predicate(self.sent):
+            await self._more.wait()
 
     def corked(self) -> AbstractAsyncContextManager[None]:
         return nullcontext()
@@ -68,8 +74,7 @@ class StalledWire:
 
 
 async def turn_done(wire: StalledWire) -> None:
-    while not any(isinstance(m, str) and '"type":"turn.done"' in m for m in wire.sent):
-        await trio.sleep(0.01)
+    await wire.wait_sent(lambda sent: any(isinstance(m, str) and '"type":"turn.done"' in m for m in sent))
 
 
 def checked(sent: list[str | bytes]) -> FrameChecker:
@@ -115,14 +120,15 @@ async def test_frames_waiting_for_a_stalled_socket_are_joined_in_order(tmp_path:
                 json.dumps({"type": "auth", "key": minted.token, "session_id": row.conversation_id})
             )
             with trio.fail_after(10):
+                # The service tells nobody when a socket has joined its call: polled.
                 while not service.connections or next(iter(service.connections)).call is None:
                     await trio.sleep(0.01)
             conn: Connection = next(iter(service.connections))
-            conn.call.conversation.runtime.add_listener(_keep(handed))
+            finished = trio.Event()
+            conn.call.conversation.runtime.add_listener(_keep(handed, finished))
             send.send_nowait(json.dumps({"type": "user_message", "text": "When is breakfast served?"}))
             with trio.fail_after(20):
-                while not any(isinstance(e, TurnFinished) for e in handed):
-                    await trio.sleep(0.01)
+                await finished.wait()
             wire.flowing.set()
             with trio.fail_after(10):
                 await turn_done(wire)
@@ -143,9 +149,11 @@ async def test_frames_waiting_for_a_stalled_socket_are_joined_in_order(tmp_path:
     assert max(len(b) for b in checker.binary) <= 64 << 10
 
 
-def _keep(into: list[TurnEvent]) -> Callable[[TurnEvent], Awaitable[None]]:
+def _keep(into: list[TurnEvent], finished: trio.Event) -> Callable[[TurnEvent], Awaitable[None]]:
     async def listen(event: TurnEvent) -> None:
         into.append(event)
+        if isinstance(event, TurnFinished):
+            finished.set()
 
     return listen
 

@@ -295,8 +295,9 @@ async def test_validation_failed_for_a_rate_model_or_language_the_socket_does_no
                 "m",
             ),
             (
-                {"language": "fr", "recording_id": "l1"},
-                "language: whisper tiny.en hears only English, not 'fr'",
+                # French is heard (the multilingual extra, which the tests install); Klingon is not.
+                {"language": "tlh", "recording_id": "l1"},
+                "language: Whisper hears no language 'tlh'",
                 "l1",
             ),
             (

@@ -50,7 +50,7 @@ async def test_thoughts_when_asked_and_allowed_and_never_in_the_reply(tmp_path: 
             ]
             kinds = _types(frames)
             assert kinds.index("thought.delta") < kinds.index("tool.start")
-            assert frames[-1]["message"] == "Here is what I found: In Lisbon it is sunny and 24 degrees."
+            assert frames[-1]["message"] == "In Lisbon it is sunny and 24 degrees."
 
             # Allowed but not asked: none.
             sock.checker.thoughts_allowed = False

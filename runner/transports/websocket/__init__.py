@@ -18,16 +18,18 @@ maps the public REST routes onto the platform.
 
 Where each part lives: ``_call`` (the transport and :class:`InoCall`, the session a
 conversation's sockets share), ``_connection`` (:class:`Connection`), ``_frames`` (events
-to frames), ``_service`` (:class:`AgentSocketService`) and ``_common`` (limits, close
+to frames: :data:`EVENT_FRAMES` names the turn events written as they are), ``_service`` (:class:`AgentSocketService`) and ``_common`` (limits, close
 reasons, setup).
 """
 
 from ._call import InoCall, WebSocketTransport
 from ._common import AgentSocketSetup, SocketIO
 from ._connection import Connection
+from ._frames import EVENT_FRAMES
 from ._service import AgentSocketService
 
 __all__ = [
+    "EVENT_FRAMES",
     "AgentSocketService",
     "AgentSocketSetup",
     "Connection",

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from ...agent._runtime import AgentRuntime
+from ...agent import AgentRuntime
 from ...platform import Conversation, ConversationClosed, Platform
 from ...sessions import CallTarget, Disconnected, RequestHandler, TransportError, TransportEvent
 from ._common import SCHEME, CloseSocket, Socket
@@ -57,8 +57,9 @@ class InoCall:
     """The transport session of one conversation's call: the sockets in it."""
 
     kind = SCHEME
-    # The runtime does not open the call on its own: the first socket's ready comes first.
-    drives_turns = True
+    # The client says where its caller's turns start and end (user_audio.start/end), and the
+    # call does not open on its own: the first socket's ready comes first.
+    delimits_turns = True
 
     def __init__(self, conversation: Conversation, draining: Callable[[], bool]) -> None:
         self.conversation = conversation
@@ -84,13 +85,21 @@ class InoCall:
         await trio.lowlevel.checkpoint()
 
     async def publish_audio(self, pcm: bytes, sample_rate_hz: int) -> None:
-        # Audio leaves as frames, from the turn's events. No yield unless cancelled: a
+        # To the socket whose turn speaks, as binary frames. No yield unless cancelled: a
         # sentence's pieces (synthesized together) queue together and leave as one frame,
         # while a cancel still stops the voice between two pieces.
         await trio.lowlevel.checkpoint_if_cancelled()
+        self.conversation.play(pcm)
 
     async def clear_audio(self) -> None:
+        # What was sent is the client's to stop (ino.v2's barge_in / interrupted tell it to).
         await trio.lowlevel.checkpoint()
+
+    def ringing(self) -> trio.Event | None:
+        return None
+
+    async def send_dtmf(self, digits: str) -> None:
+        raise TransportError("the call has no phone line: ino.v2 carries no telephone keys")
 
     # -- Sockets -------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ MAX_CONNECTIONS_PER_END_USER = 3
 DEFAULT_TTL_SECONDS = 600
 MAX_TTL_SECONDS = 86_400
 # Bounds on cleanup: a socket that leaves lets its turn unwind for this long.
+TOKEN_EXPIRED = "this token has expired: mint another and reconnect"
 _UNWIND_S = 10.0
 _CLOSE_S = 5.0
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import math
-import secrets
 from collections import deque
 from typing import Any
 
 import attrs
 import trio
 
+from journal import now_ms
+
 from ... import ino_wire as w
-from ...platform import HEARING_RATE_HZ, Recording, StreamedWords, TurnRateExceeded, TurnRequest, transcribe
-from ...platform._events import Charged, ConversationEvent
-from ...providers import ProviderError
+from ...platform import Charged, ConversationEvent, TurnRateExceeded, TurnRequest
+from ...voice.events import ReplyDelta
 from ...wire import parse_json
 from ._call import InoCall
 from ._common import (
@@ -21,16 +20,20 @@ from ._common import (
     _UNWIND_S,
     AUTH_TIMEOUT_S,
     CONFLICT,
-    MAX_TRANSCRIBING,
     NOT_WAITING,
+    TOKEN_EXPIRED,
     CloseSocket,
     SocketHost,
     SocketIO,
     log,
 )
-from ._frames import frames_of
+from ._frames import encode_frame, frames_of
+from ._recordings import Recordings
 
 _FLUSH_S = 15.0
+# An auth frame holds one object and its list of tools: a first frame with more brackets than
+# this is not one, and is refused before it is parsed.
+_AUTH_MAX_BRACKETS = 16
 # Audio frames waiting in the outbox are joined into one binary frame up to this size.
 _JOIN_AUDIO_BYTES = 64 << 10
 
@@ -107,10 +110,10 @@ class Connection:
         self.seq = 0
         self.end_user_id = ""
         self.token_id = ""
+        self.token_expires_at_ms = 0
         self.app_tools: tuple[str, ...] = ()
         self.call: InoCall | None = None
-        self.recording: Recording | None = None
-        self.transcribing = 0
+        self.recordings = Recordings(self)
         self.closing: _Close | None = None
         self.close_after_turn: _Close | None = None
         self.last_activity = trio.current_time()
@@ -129,7 +132,7 @@ class Connection:
         if self.closing is not None:
             return
         self.last_activity = trio.current_time()
-        if isinstance(frame, w.TextDelta):
+        if isinstance(frame, ReplyDelta):
             last = self._outbox.last()
             if isinstance(last, _Delta) and last.turn == frame.turn:
                 last.text += frame.text
@@ -142,13 +145,16 @@ class Connection:
             self._queue(_Delta(self.seq, frame.turn, frame.text, size), size)
             return
         self.seq += 1
-        data = w.encode_frame(frame, self.seq)
+        data = encode_frame(frame, self.seq)
         self._queue(data, len(data))
         self._window_opened = isinstance(frame, w.AudioStart)
 
     def deliver(self, event: ConversationEvent) -> None:
         """Say what the conversation reports, as frames on this socket."""
-        for frame in frames_of(event, idle_seconds=self.service.idle_seconds):
+        frames = frames_of(
+            event, session_id=self.url_session_id or "", idle_seconds=self.service.idle_seconds
+        )
+        for frame in frames:
             if isinstance(frame, bytes):
                 self.send_binary(frame)
             else:
@@ -215,7 +221,7 @@ class Connection:
         call = self.call
         if call is None:
             return False
-        return call.conversation.holds_turn_of(self) or self.transcribing > 0
+        return call.conversation.holds_turn_of(self) or self.recordings.transcribing > 0
 
     async def _write(self) -> None:
         while batch := await self._outbox.take():
@@ -239,7 +245,7 @@ class Connection:
 
     async def _send_item(self, item: str | bytes | bytearray | _Delta) -> None:
         if isinstance(item, _Delta):
-            await self.io.send(w.encode_frame(w.TextDelta(turn=item.turn, text=item.text), item.seq))
+            await self.io.send(encode_frame(ReplyDelta(turn=item.turn, text=item.text), item.seq))
             self._unsent -= item.size
         else:
             await self.io.send(bytes(item) if isinstance(item, bytearray) else item)
@@ -289,11 +295,12 @@ class Connection:
         self._counted = True
         await self.service.attach(self, conversation)
         tasks.start_soon(self._watch_idle)
+        tasks.start_soon(self._watch_expiry)
         while True:
             message = await self.io.receive()
             if isinstance(message, bytes):
                 self.last_activity = trio.current_time()
-                self._on_audio(message)
+                self.recordings.add(message)
                 continue
             try:
                 verb = w.decode_verb(message)
@@ -315,10 +322,18 @@ class Connection:
             message = await self.io.receive()
             if isinstance(message, bytes):
                 raise CloseSocket(4001, "the first frame must be auth, not audio")
+            # Read before any credential: bounded in size by the listener (64 KiB), in nesting
+            # here, before it is parsed, and parsed once.
+            if message.count("[") + message.count("{") > _AUTH_MAX_BRACKETS:
+                raise CloseSocket(4001, "the first frame must be auth")
             try:
-                verb = w.decode_verb(message)
+                value = parse_json(message)
+            except ValueError:
+                raise CloseSocket(4001, "the first frame must be auth") from None
+            try:
+                verb = w.verb_of(value)
             except w.FrameRejected as exc:
-                if _is_auth(message):
+                if isinstance(value, dict) and value.get("type") == "auth":
                     raise CloseSocket(4009, str(exc)) from None
                 raise CloseSocket(4001, "the first frame must be auth") from None
             except w.FrameInvalid as exc:
@@ -329,8 +344,8 @@ class Connection:
         raise CloseSocket(4001, "no auth frame within 10 seconds")
 
     async def _leave(self) -> None:
-        if self.recording is not None:
-            self._close_recording()
+        if self.recordings.open is not None:
+            self.recordings.close()
         self.service.connections.discard(self)
         if self._counted:
             self._counted = False
@@ -338,6 +353,14 @@ class Connection:
         if self.call is not None:
             with trio.move_on_after(_UNWIND_S):
                 await self.call.detach(self)
+
+    async def _watch_expiry(self) -> None:
+        """Once the token expires, close with 4003 (after a running turn), as a revoked one closes 4004."""
+        left_ms = self.token_expires_at_ms - now_ms()
+        while left_ms > 0:  # again if the wall clock was set back meanwhile
+            await trio.sleep(left_ms / 1000)
+            left_ms = self.token_expires_at_ms - now_ms()
+        self.close_when_idle(4003, TOKEN_EXPIRED)
 
     async def _watch_idle(self) -> None:
         idle_s = self.service.idle_seconds
@@ -355,7 +378,7 @@ class Connection:
 
     # -- Verbs ---------------------------------------------------------------------------------
 
-    def _request_turn(self, request: TurnRequest) -> bool:
+    def request_turn(self, request: TurnRequest) -> bool:
         """Ask for a turn; ``False``: one runs already (the caller says so).
 
         Raises:
@@ -375,18 +398,18 @@ class Connection:
             raise CloseSocket(4009, "auth was already sent on this connection")
         if isinstance(verb, w.UserMessage):
             request = TurnRequest(text=verb.text, speech=verb.speech, thoughts=verb.thoughts is True)
-            if not self._request_turn(request):
+            if not self.request_turn(request):
                 self.send(w.Error(code="conflict", message=CONFLICT))
         elif isinstance(verb, w.UserAudioStart):
-            await self._open_recording(verb, nursery)
+            await self.recordings.start(verb, nursery)
         elif isinstance(verb, w.UserAudioEnd):
-            self._end_recording(verb, nursery)
+            self.recordings.end(verb, nursery)
         elif isinstance(verb, w.Cancel):
             state = conversation.owned_turn(self)
             if state is not None:
                 conversation.cancel_turn(state, "cancel")
-            if self.recording is not None:
-                self._close_recording()
+            if self.recordings.open is not None:
+                self.recordings.close()
             conversation.drop_held(self)
         elif isinstance(verb, w.Mute):
             state = conversation.owned_turn(self)
@@ -410,238 +433,5 @@ class Connection:
             speech=verb.speech,
             thoughts=verb.thoughts is True,
         )
-        if not self._request_turn(request):
+        if not self.request_turn(request):
             self.send(w.Error(code="conflict", message=CONFLICT))
-
-    # -- Recordings ----------------------------------------------------------------------------
-
-    async def _open_recording(self, start: w.UserAudioStart, nursery: trio.Nursery) -> None:
-        call = self.call
-        assert call is not None
-        runtime = call.conversation.runtime
-        assert runtime is not None
-        if self.recording is not None:
-            self.send(
-                w.Error(
-                    code="invalid_request",
-                    message="a recording is already open: end it with user_audio.end first",
-                    recording_id=start.recording_id,
-                )
-            )
-            return
-        try:
-            stt = runtime.recognizer(start.language)
-        except ValueError as exc:
-            self.send(
-                w.Error(code="validation_failed", message=f"language: {exc}", recording_id=start.recording_id)
-            )
-            return
-        if stt is None:
-            raise CloseSocket(4010, "this agent does not hear speech: it has no recognizer")
-        if start.model is not None and start.model != stt.provider:
-            self.send(
-                w.Error(
-                    code="validation_failed",
-                    # The model asked for is not repeated: an error never echoes what it refuses.
-                    message=f"that model is not available here; this agent transcribes with {stt.provider!r}",
-                    recording_id=start.recording_id,
-                )
-            )
-            return
-        rate = start.rate or HEARING_RATE_HZ
-        recording = Recording(
-            recording_id=start.recording_id,
-            rate_hz=rate,
-            stt=stt,
-            barge_in=start.barge_in is True,
-            speech=start.speech,
-            thoughts=start.thoughts is True,
-        )
-        stream = None
-        if hasattr(stt, "open_stream"):
-            try:
-                stream = stt.open_stream(rate)
-            except ValueError as exc:
-                self.send(
-                    w.Error(code="validation_failed", message=f"rate: {exc}", recording_id=start.recording_id)
-                )
-                return
-        self.recording = recording
-        if stream is not None:
-            send, receive = trio.open_memory_channel[bytes](math.inf)
-            recording.feed = send
-            recording.streamed = StreamedWords()
-            nursery.start_soon(self._recognize_partials, recording, stream, receive)
-        await trio.lowlevel.checkpoint()
-
-    def _on_audio(self, data: bytes) -> None:
-        recording = self.recording
-        if recording is None:
-            raise CloseSocket(4011, "binary audio with no user_audio.start before it")
-        if len(recording.audio) + len(data) > w.MAX_RECORDING_BYTES:
-            raise CloseSocket(4011, w.RECORDING_TOO_LONG)
-        recording.audio += data
-        if recording.feed is not None:
-            recording.feed.send_nowait(data)
-
-    def _close_recording(self, *, hear: bool = False) -> None:
-        """No more audio for the open recording; ``hear``: its stream finishes it (its words are wanted)."""
-        recording, self.recording = self.recording, None
-        if recording is not None:
-            if recording.feed is not None:
-                recording.feed.close()
-            if not hear:
-                recording.scope.cancel()
-
-    def _end_recording(self, end: w.UserAudioEnd, nursery: trio.Nursery) -> None:
-        call = self.call
-        assert call is not None
-        recording = self.recording
-        if end.discard and end.transcribe_only:
-            self.send(
-                w.Error(
-                    code="validation_failed",
-                    message="transcribe_only and discard exclude each other",
-                    recording_id=recording.recording_id if recording else None,
-                )
-            )
-            return
-        if end.discard:
-            self._close_recording()  # thrown away without a word
-            return
-        if recording is None:
-            self.send(
-                w.Error(code="invalid_request", message="no recording is open: send user_audio.start first")
-            )
-            return
-        if len(recording.audio) < 2:
-            self._close_recording()
-            self.send(
-                w.Error(
-                    code="invalid_request",
-                    message="nothing was recorded",
-                    recording_id=recording.recording_id,
-                )
-            )
-            return
-        if end.transcribe_only:
-            if self.transcribing >= MAX_TRANSCRIBING:
-                self.send(
-                    w.Error(
-                        code="rate_limited",
-                        message=f"{MAX_TRANSCRIBING} transcribe_only recordings are already in flight; the recording is still open",
-                        recording_id=recording.recording_id,
-                    )
-                )
-                return
-            self._close_recording(hear=True)
-            self.transcribing += 1
-            nursery.start_soon(self._transcribe_only, recording)
-            return
-        request = TurnRequest(recording=recording, speech=recording.speech, thoughts=recording.thoughts)
-        if not self._request_turn(request):
-            self.send(w.Error(code="conflict", message=CONFLICT, recording_id=recording.recording_id))
-            return
-        self._close_recording(hear=True)
-
-    async def _recognize_partials(
-        self, recording: Recording, stream: Any, chunks: trio.MemoryReceiveChannel[bytes]
-    ) -> None:
-        """Feed the stream as audio comes; once the recording ends, its ``finish`` is the recording's words."""
-        streamed = recording.streamed
-        assert streamed is not None
-        carry = b""
-        try:
-            with recording.scope:
-                async with stream:
-                    async for first in chunks:
-                        pieces = [carry, first]
-                        while True:
-                            try:
-                                pieces.append(chunks.receive_nowait())
-                            except (trio.WouldBlock, trio.EndOfChannel):
-                                break
-                        data = b"".join(pieces)
-                        cut = len(data) // 2 * 2
-                        data, carry = data[:cut], data[cut:]
-                        # pocketsphinx holds the GIL while it decodes: feed it at most 100 ms
-                        # at a time, so the runner's other tasks run between the pieces.
-                        step = recording.rate_hz * 2 // 10
-                        text = None
-                        for start in range(0, len(data), step):
-                            text = await stream.feed(data[start : start + step]) or text
-                        if text and self.recording is recording:
-                            self.send(w.HeardPartial(text=text))
-                            self._heard_partial(recording, text)
-                    streamed.set((await stream.finish()).text)
-        except (ProviderError, ValueError, trio.ClosedResourceError) as exc:
-            log.warning("recognition stopped: %s", exc)
-            streamed.fail(
-                exc
-                if isinstance(exc, ProviderError)
-                else ProviderError("provider_failed", f"recognition failed: {exc}")
-            )
-        finally:
-            # Cancelled (the recording was thrown away, the socket closed): nobody should wait.
-            streamed.fail(
-                ProviderError("provider_failed", "the recognition stopped before the recording ended")
-            )
-
-    def _heard_partial(self, recording: Recording, text: str) -> None:
-        call = self.call
-        if (
-            recording.barge_in
-            and not recording.barged
-            and call is not None
-            and call.conversation.is_person(text)
-        ):
-            recording.barged = True
-            call.conversation.barge_in(self, text, recording.recording_id)
-
-    async def _transcribe_only(self, recording: Recording) -> None:
-        request_id = "req_" + secrets.token_hex(8)
-        try:
-            text, seconds = await transcribe(recording)
-        except ProviderError as exc:
-            self.send(
-                w.Error(
-                    code="provider_failed",
-                    message=str(exc)[:500],
-                    stage="transcription",
-                    request_id=request_id,
-                    recording_id=recording.recording_id,
-                )
-            )
-        else:
-            self.send(
-                w.Transcript(
-                    text=text,
-                    audio_seconds=round(seconds, 3),
-                    request_id=request_id,
-                    recording_id=recording.recording_id,
-                )
-            )
-            if self.call is not None and seconds > 0:
-                try:
-                    spent = await self.service.platform.charge_transcription(
-                        conversation_id=self.call.conversation_id,
-                        request_id=request_id,
-                        token_id=self.token_id,
-                        end_user_id=self.end_user_id,
-                        seconds=seconds,
-                    )
-                except Exception:  # noqa: BLE001 - a usage row not stored is logged; the transcript was sent
-                    log.exception("the usage of a transcription was not stored")
-                else:
-                    self.service.after_charge(self.token_id, spent)
-        finally:
-            self.transcribing -= 1
-            self.check_close_after_turn()
-
-
-def _is_auth(message: str) -> bool:
-    try:
-        value = parse_json(message)  # the frames' own parser: it refuses what json would recurse on
-    except ValueError:
-        return False
-    return isinstance(value, dict) and value.get("type") == "auth"

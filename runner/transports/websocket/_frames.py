@@ -1,166 +1,162 @@
-"""What a conversation reports, as ``ino.v2`` frames: the one place the platform meets the wire."""
+"""What a conversation reports, as ``ino.v2`` frames: the one place the platform meets the wire.
+
+A turn's event whose frame says just what it says is written as it is, under its frame's
+type (:data:`EVENT_FRAMES`); every other event is one case of :func:`frames_of`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, assert_never
 
 import attrs
 
 from ... import ino_wire as w
 from ...calls import keep_json
-from ...platform import HEARING_RATE_HZ
-from ...platform._events import (
-    AppToolCalled,
-    BargedIn,
+from ...platform import (
+    HEARING_RATE_HZ,
     Charged,
     Compacted,
     ConversationEvent,
     Joined,
     KnowledgeSearched,
-    MoodJudged,
     NoVoice,
     Refused,
-    ToolClosed,
-    ToolOpened,
     TurnClosed,
     TurnFailed,
-    TurnOpened,
 )
-from ...voice.engine import (
+from ...voice.events import (
+    AppToolCalled,
     AudioData,
     AudioEnd,
     AudioStart,
+    BargedIn,
     Heard,
+    MoodJudged,
     Muted,
     ReplyChunk,
     ReplyDelta,
     SpeechFailed,
     Thought,
     ToolConfirmRequested,
+    ToolEnded,
+    ToolStarted,
+    TurnFinished,
+    TurnStarted,
     UsageReported,
 )
 from ._common import REFUSALS, edge_version, relation_body, wire_call_id
 
+# The frame type of each turn event the socket writes as it is: its fields are the frame's.
+EVENT_FRAMES: dict[type[Any], str] = {
+    ReplyDelta: "text.delta",
+    Thought: "thought.delta",
+    ReplyChunk: "text.chunk",
+    Heard: "heard",
+    BargedIn: "barge_in",
+    MoodJudged: "mood",
+    AudioEnd: "audio.end",
+    Muted: "muted",
+    ToolConfirmRequested: "tool.confirm",
+    AppToolCalled: "tool.call",
+}
 
-def frames_of(event: ConversationEvent, *, idle_seconds: int) -> Iterator[Any]:
-    """The frames (and binary audio, as ``bytes``) that say ``event`` on a socket, in order."""
-    if isinstance(event, ReplyDelta):
-        yield w.TextDelta(turn=event.turn, text=event.text)
-    elif isinstance(event, AudioData):
-        yield event.pcm
-    elif isinstance(event, ReplyChunk):
-        yield w.TextChunk(turn=event.turn, chunk=event.chunk, text=event.text)
-    elif isinstance(event, AudioStart):
-        yield w.AudioStart(turn=event.turn, chunk=event.chunk, sample_rate=event.sample_rate_hz)
-    elif isinstance(event, AudioEnd):
-        yield w.AudioEnd(
-            turn=event.turn, chunk=event.chunk, bytes=event.bytes, audio_seconds=round(event.audio_seconds, 3)
-        )
-    elif isinstance(event, Joined):
-        rate = event.voice_rate_hz
-        yield w.Ready(
-            session_id=event.conversation_id,
-            agent_id=event.agent_id,
-            end_user_id=event.end_user_id,
-            speaks=rate is not None,
-            audio=w.AudioFormat(sample_rate=rate or 24_000),
-            hearing=w.AudioFormat(sample_rate=HEARING_RATE_HZ),
-            emotion=event.moods,
-            relation=relation_body(event.relation) if event.relation is not None else None,
-            greeting=event.greeting,
-            idle_seconds=idle_seconds,
-            edge_version=edge_version(),
-        )
-    elif isinstance(event, TurnOpened):
-        yield w.TurnStart(turn=event.turn, session_id=event.conversation_id)
-    elif isinstance(event, NoVoice):
-        yield w.Error(
-            code="unavailable",
-            message="this agent has no voice: the reply is text only",
-            turn=event.turn,
-            stage="speech",
-        )
-    elif isinstance(event, Refused):
-        code, message = REFUSALS[event.reason]
-        yield w.Error(code=code, message=message)
-    elif isinstance(event, Heard):
-        yield w.Heard(turn=event.turn, text=event.text, audio_seconds=round(event.audio_seconds, 3))
-    elif isinstance(event, Thought):
-        yield w.ThoughtDelta(turn=event.turn, text=event.text)
-    elif isinstance(event, KnowledgeSearched):
-        yield w.Knowledge(
-            turn=event.turn,
-            via=event.via,
-            outcome=event.outcome,
-            entries=[w.KnowledgeEntry(entry_id=h.entry_id, title=h.title, score=h.score) for h in event.hits],
-        )
-    elif isinstance(event, MoodJudged):
-        yield w.Mood(turn=event.turn, mood=event.mood, intensity=event.intensity)
-    elif isinstance(event, ToolOpened):
-        yield w.ToolStart(
-            turn=event.turn, name=event.name, kind=event.kind, call_id=wire_call_id(event.kind, event.call_id)
-        )
-    elif isinstance(event, ToolClosed):
-        yield w.ToolEnd(
-            turn=event.turn,
-            name=event.name,
-            kind=event.kind,
-            call_id=wire_call_id(event.kind, event.call_id),
-            ok=event.ok,
-            ms=event.ms,
-        )
-    elif isinstance(event, ToolConfirmRequested):
-        yield w.ToolConfirm(
-            turn=event.turn, call_id=event.call_id, name=event.name, arguments=dict(event.arguments)
-        )
-    elif isinstance(event, AppToolCalled):
-        yield w.ToolCallFrame(
-            turn=event.turn,
-            call_id=event.call_id,
-            name=event.name,
-            arguments=event.arguments,
-            action_only=event.action_only,
-            timeout_ms=event.timeout_ms,
-        )
-    elif isinstance(event, UsageReported):
-        usage = event.usage
-        yield w.UsageFrame(
-            turn=event.turn,
-            model=usage.model,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            thought_tokens=usage.thought_tokens,
-            cached_tokens=usage.cached_tokens,
-            generation_seconds=round(event.generation_seconds, 3),
-        )
-    elif isinstance(event, SpeechFailed):
-        yield w.Error(
-            code="provider_failed",
-            message=f"speech failed: {event.message}",
-            turn=event.turn,
-            stage="speech",
-            chunk=event.chunk,
-        )
-    elif isinstance(event, Muted):
-        yield w.Muted(turn=event.turn)
-    elif isinstance(event, BargedIn):
-        yield w.BargeIn(text=event.text, recording_id=event.recording_id, turn=event.turn)
-    elif isinstance(event, TurnFailed):
-        yield w.Error(code="internal", message="the turn failed on our side", turn=event.turn)
-        yield w.Interrupted(
-            turn=event.turn, message=event.text, mood=None, mood_intensity=None, reason="internal"
-        )
-    elif isinstance(event, TurnClosed):
-        yield from _closed(event)
-    elif isinstance(event, Compacted):
-        yield w.Compacted(
-            session_id=event.conversation_id, after_seq=event.after_position, trigger=event.trigger
-        )
-    elif isinstance(event, Charged):
-        return
-    else:  # pragma: no cover - the union is exhaustive
-        raise TypeError(f"no frame for {event!r}")
+
+def encode_frame(frame: Any, seq: int) -> str:
+    """A frame of :func:`frames_of` as its JSON text, ``seq`` its number on the socket."""
+    return w.encode_frame(frame, seq, kind=EVENT_FRAMES.get(type(frame)))
+
+
+def frames_of(event: ConversationEvent, *, session_id: str, idle_seconds: int) -> Iterator[Any]:
+    """The frames (and binary audio, as ``bytes``) that say ``event`` on a socket, in order.
+
+    ``session_id`` is the conversation the socket is pinned to.
+    """
+    match event:
+        case (
+            ReplyDelta()
+            | Thought()
+            | ReplyChunk()
+            | BargedIn()
+            | MoodJudged()
+            | Muted()
+            | ToolConfirmRequested()
+            | AppToolCalled()
+        ):
+            yield event  # as written (EVENT_FRAMES)
+        case AudioData(pcm=pcm):
+            yield pcm
+        case AudioStart(turn=turn, chunk=chunk, sample_rate_hz=rate_hz):
+            yield w.AudioStart(turn=turn, chunk=chunk, sample_rate=rate_hz)
+        case AudioEnd(audio_seconds=seconds) | Heard(audio_seconds=seconds):
+            yield attrs.evolve(event, audio_seconds=round(seconds, 3))
+        case Joined():
+            yield _ready(event, idle_seconds)
+        case TurnStarted(turn=turn):
+            yield w.TurnStart(turn=turn, session_id=session_id)
+        case NoVoice(turn=turn):
+            message = "this agent has no voice: the reply is text only"
+            yield w.Error(code="unavailable", message=message, turn=turn, stage="speech")
+        case Refused(reason=reason):
+            code, message = REFUSALS[reason]
+            yield w.Error(code=code, message=message)
+        case KnowledgeSearched(turn=turn, via=via, outcome=outcome, hits=hits):
+            entries = [w.KnowledgeEntry(entry_id=h.entry_id, title=h.title, score=h.score) for h in hits]
+            yield w.Knowledge(turn=turn, via=via, outcome=outcome, entries=entries)
+        case ToolStarted(turn=turn, call_id=call_id, name=name, kind=kind):
+            kind = kind or "webhook"
+            yield w.ToolStart(turn=turn, name=name, kind=kind, call_id=wire_call_id(kind, call_id))
+        case ToolEnded(turn=turn, call_id=call_id, name=name, kind=kind, ok=ok, ms=ms):
+            kind = kind or "webhook"
+            yield w.ToolEnd(
+                turn=turn, name=name, kind=kind, call_id=wire_call_id(kind, call_id), ok=ok, ms=ms
+            )
+        case UsageReported(turn=turn, usage=usage, generation_seconds=seconds):
+            yield w.UsageFrame(
+                turn=turn,
+                model=usage.model,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                thought_tokens=usage.thought_tokens,
+                cached_tokens=usage.cached_tokens,
+                generation_seconds=round(seconds, 3),
+            )
+        case SpeechFailed(turn=turn, chunk=chunk, message=message):
+            yield w.Error(
+                code="provider_failed",
+                message=f"speech failed: {message}",
+                turn=turn,
+                stage="speech",
+                chunk=chunk,
+            )
+        case TurnFailed(turn=turn, text=text):
+            yield w.Error(code="internal", message="the turn failed on our side", turn=turn)
+            yield w.Interrupted(turn=turn, message=text, mood=None, mood_intensity=None, reason="internal")
+        case TurnClosed():
+            yield from _closed(event)
+        case Compacted(conversation_id=conversation_id, after_position=after, trigger=trigger):
+            yield w.Compacted(session_id=conversation_id, after_seq=after, trigger=trigger)
+        case TurnFinished() | Charged():
+            return  # the socket says a turn's end with TurnClosed; a charge has no frame
+        case _:
+            assert_never(event)
+
+
+def _ready(event: Joined, idle_seconds: int) -> w.Ready:
+    rate = event.voice_rate_hz
+    return w.Ready(
+        session_id=event.conversation_id,
+        agent_id=event.agent_id,
+        end_user_id=event.end_user_id,
+        speaks=rate is not None,
+        audio=w.AudioFormat(sample_rate=rate or 24_000),
+        hearing=w.AudioFormat(sample_rate=HEARING_RATE_HZ),
+        emotion=event.moods,
+        relation=relation_body(event.relation) if event.relation is not None else None,
+        greeting=event.greeting,
+        idle_seconds=idle_seconds,
+        edge_version=edge_version(),
+    )
 
 
 def _closed(event: TurnClosed) -> Iterator[Any]:

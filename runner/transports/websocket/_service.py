@@ -10,7 +10,7 @@ import trio
 from journal import AgentStore, ConversationRow, Spent, TokenRow
 
 from ... import ino_wire as w
-from ...agent._runtime import AgentRuntime
+from ...agent import AgentRuntime
 from ...errors import (
     GenerationMismatch,
     JournalUnwritable,
@@ -27,6 +27,7 @@ from ._common import (
     MAX_CONNECTIONS_PER_END_USER,
     MAX_TTL_SECONDS,
     SCHEME,
+    TOKEN_EXPIRED,
     AgentSocketSetup,
     CloseSocket,
     SocketIO,
@@ -198,6 +199,7 @@ class AgentSocketService:
         self._per_token[row.token_id] = held + 1
         conn.end_user_id = row.end_user_id
         conn.token_id = row.token_id
+        conn.token_expires_at_ms = row.expires_at
         conn.app_tools = tuple(auth.tools or ())
         return conversation
 
@@ -280,6 +282,6 @@ class AgentSocketService:
 
 _TOKEN_CLOSES: dict[TokenProblem, tuple[int, str]] = {
     "revoked": (4004, "this token was revoked"),
-    "expired": (4003, "this token has expired: mint another and reconnect"),
+    "expired": (4003, TOKEN_EXPIRED),
     "spent": (4004, "this token has spent its credit limit"),
 }

@@ -1,18 +1,7 @@
-"""Worker mode: LiveKit's agent dispatch hands this runner its calls.
+"""The agent-worker socket: registration, availability, and each assigned job run as a call.
 
-``runner start`` keeps one WebSocket to the LiveKit server's ``/agent`` endpoint and speaks
-the agent-worker protocol (the ``WorkerMessage`` / ``ServerMessage`` protobufs that
-``livekit-protocol`` ships): it registers a room worker under an agent name, answers each
-availability request from its real load, and runs every assigned job as an ordinary call of
-the :class:`~runner.calls.Runner` (same ``Call``, same journal records, same agent code),
-joining the job's room through the LiveKit transport with the token the server minted.
-Many such runners, on as many machines, register under one agent name and LiveKit's own
-dispatch spreads the rooms across them.
-
-The socket is Trio (trio-websocket): the only asyncio is inside the LiveKit transport.
-A lost socket is reconnected with backoff; the calls run in the runner's nursery, not the
-socket's, so they go on meanwhile, and what the worker has to tell the server (job status)
-waits in an outbox for the next connection.
+What the socket does, and why it is Trio, is told in the package's docstring
+(:mod:`runner.worker`).
 """
 
 from __future__ import annotations
@@ -38,10 +27,21 @@ from trio_websocket import (
     open_websocket_url,
 )
 
-from .calls import END_REASON_CRASHED, Runner
-from .errors import RunnerError
-from .transports.livekit import worker_token
-from .wire import StartCallRequest
+from ..calls import END_REASON_CRASHED, Runner
+from ..errors import RunnerError, Unauthorized
+from ..transports.livekit import worker_token
+from ..wire import (
+    ResumedCall,
+    StartCallRequest,
+)
+from ._api import AGENT_KIND, API_TIMEOUT_S, LiveKitApi
+from ._failover import Failover
+from ._rooms import (
+    KEEPS_ROOM_RECORD,
+    RESUMES_JOB_KEY,
+    RESUMES_KEY,
+    RoomRecords,
+)
 
 log = logging.getLogger("runner.worker")
 
@@ -116,12 +116,26 @@ def client_context_of(job: proto.Job) -> tuple[dict[str, str], dict[str, str]]:
         except ValueError:
             parsed = None
             refused["metadata"] = "not JSON"
+        if isinstance(parsed, dict):
+            # The failover's own words, not the caller's context.
+            parsed.pop(RESUMES_KEY, None)
+            parsed.pop(RESUMES_JOB_KEY, None)
         if parsed is not None:
             if isinstance(parsed, dict) and all(isinstance(v, str) for v in parsed.values()):
                 context.update(parsed)
             else:
                 refused["metadata"] = "not a flat map of strings"
     return context, refused
+
+
+def resumes_of(job: proto.Job) -> str:
+    """The agent identity whose call this job picks up (a failover's re-dispatch), or ``""``."""
+    try:
+        parsed = json.loads(job.metadata) if job.metadata else None
+    except ValueError:
+        return ""
+    value = parsed.get(RESUMES_KEY) if isinstance(parsed, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 def _version() -> str:
@@ -155,6 +169,17 @@ class AgentWorker:
         self._closing = False
         self._status_seq = 0
         self._last_status: tuple[int, bool, int] | None = None
+        self.registered = False
+        """Registered on an open socket now (False while it connects or reconnects)."""
+        self._first_registration = trio.Event()
+        self._api = LiveKitApi(setup.url, setup.api_key, setup.api_secret)
+        self._background: trio.Nursery | None = None
+        self._rooms = RoomRecords(self._api, runner.journal)
+        self._failover = Failover(self._api, runner.journal, agent_name=setup.agent_name)
+        self.room_writes = self._rooms.writes
+        """Each write of a room's record: its bytes and how long it took (ms)."""
+        self.failovers = self._failover.failovers
+        """What this worker did about rooms whose agent left (moved or lost), oldest first."""
 
     # -- What the server is told ------------------------------------------------------------
 
@@ -196,21 +221,40 @@ class AgentWorker:
 
     # -- The service --------------------------------------------------------------------------
 
+    async def wait_registered(self) -> None:
+        """Wait until the worker first registered with the LiveKit server."""
+        await self._first_registration.wait()
+
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Register and take jobs until the runner drained; started once first registered.
+        """Register and take jobs until the runner drained; started at once.
+
+        An unreachable server is retried with backoff until it answers or the runner drains:
+        the runner answers ``/health`` and drains on a signal meanwhile (:meth:`wait_registered`
+        says when the worker is in LiveKit's pool).
 
         Raises:
             WorkerRejected: The server refused the worker's credentials.
         """
+        try:
+            await self._serve(task_status)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._api.aclose()
+
+    async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
+            self._background = nursery
             nursery.start_soon(self._watch_draining)
-            await nursery.start(self._serve_socket, nursery)
+            nursery.start_soon(self._serve_socket, nursery)
             task_status.started()
             await self.runner.wait_drained()
             # Every call ended; its job's last status is queued once its task saw the end.
             await self._jobs_idle.wait()
             self._closing = True
             self._outbox_changed.set()
+            if not self.registered:
+                # No server to tell: stop connecting now rather than at the close deadline.
+                nursery.cancel_scope.cancel()
             # The socket sends what is queued and closes; a socket that is down gets no retry.
             nursery.cancel_scope.deadline = trio.current_time() + CLOSE_TIMEOUT_S
 
@@ -219,20 +263,21 @@ class AgentWorker:
         log.info("draining: telling the LiveKit server to send no new jobs")
         self._status_nowait(force=True)
 
-    async def _serve_socket(self, jobs: trio.Nursery, *, task_status: trio.TaskStatus[None]) -> None:
+    async def _serve_socket(self, jobs: trio.Nursery) -> None:
         backoff = BACKOFF_FIRST_S
-        first = [True]
 
         def on_registered() -> None:
             nonlocal backoff
             backoff = BACKOFF_FIRST_S
-            if first[0]:
-                first[0] = False
-                task_status.started()
+            self.registered = True
+            self._first_registration.set()
 
         for attempt in range(1_000_000_000):
             try:
-                await self._connect_once(jobs, on_registered)
+                try:
+                    await self._connect_once(jobs, on_registered)
+                finally:
+                    self.registered = False
             except Exception as exc:
                 # The socket's tasks may report a loss as a group (a write and a read failing
                 # together): it is a loss when every error in it is one.
@@ -362,7 +407,9 @@ class AgentWorker:
                 availability=proto.AvailabilityResponse(
                     job_id=job.id,
                     available=available,
-                    participant_identity=IDENTITY_PREFIX + job.id,
+                    # A re-dispatch takes the identity of the agent it replaces: should two
+                    # take it, LiveKit keeps the newer one only (one agent per room).
+                    participant_identity=resumes_of(job) or IDENTITY_PREFIX + job.id,
                     participant_name=self.setup.agent_name or "agent",
                 )
             )
@@ -388,6 +435,7 @@ class AgentWorker:
 
     async def _run_job(self, assignment: proto.JobAssignment) -> None:
         job = assignment.job
+        room = job.room.name
         try:
             context, refused = client_context_of(job)
             if refused:
@@ -395,18 +443,27 @@ class AgentWorker:
             origin: dict[str, Any] = {
                 "jobId": job.id,
                 "dispatchId": job.dispatch_id,
-                "room": job.room.name,
+                "room": room,
                 "agentName": job.agent_name,
                 "workerId": self.worker_id,
             }
             if refused:
                 origin["refused"] = refused
+            resumes = resumes_of(job)
+            identity = resumes or IDENTITY_PREFIX + job.id
+            resume: ResumedCall | None = None
+            if resumes:
+                # The call another worker held: its conversation is in the room's record.
+                resume, record = await self._rooms.resumed(room, resumes)
+                origin["resumes"] = {"agent": resumes, "jobId": str((record or {}).get("job", ""))}
             start = StartCallRequest(
                 session_id=job.id,
                 realtime_url=room_url(assignment.url or self.setup.url),
                 realtime_token=assignment.token,
                 client_context=context,
+                resume=resume,
             )
+            cursor = self.runner.journal.head
             # Registered by start_call before its first checkpoint: the slot moves from the
             # promise to the call without a moment where it is counted twice or not at all.
             self._reserved.pop(job.id, None)
@@ -417,18 +474,43 @@ class AgentWorker:
                 return
             self._job_status_nowait(job.id, proto.JS_RUNNING)
             self._status_nowait()
+            record = {
+                "v": 1,
+                "state": "live",
+                "agent": identity,
+                "agentName": job.agent_name,
+                "job": job.id,
+                "dispatchId": job.dispatch_id,
+                "clientContext": context,
+            }
+            history = list(resume.history) if resume is not None else []
             # The status goes out as the call starts to end, before it leaves the room: the
             # server marks a job whose agent left the room first "failed".
             reported = False
+            forgotten = trio.Event()
+            carrying = trio.CancelScope()
             async with trio.open_nursery() as nursery:
+
+                async def carry() -> None:
+                    with carrying:
+                        await self._rooms.carry(call, room, record, history, cursor)
 
                 async def report_on_stop() -> None:
                     nonlocal reported
-                    self._report_end(job.id, await call.wait_stopping())
+                    reason = await call.wait_stopping()
+                    self._report_end(job.id, reason)
                     reported = True
+                    carrying.cancel()
+                    # Before the agent leaves: a room whose record is gone is not picked up.
+                    if not reason.startswith(KEEPS_ROOM_RECORD):
+                        await self._rooms.forget(room, job.id)
+                    forgotten.set()
 
+                nursery.start_soon(carry)
                 nursery.start_soon(report_on_stop)
                 await call.wait_ended()
+                with trio.move_on_after(API_TIMEOUT_S):
+                    await forgotten.wait()
                 nursery.cancel_scope.cancel()
             if not reported:
                 self._report_end(job.id, call.end_reason)
@@ -438,6 +520,28 @@ class AgentWorker:
             self._jobs -= 1
             if self._jobs == 0:
                 self._jobs_idle.set()
+
+    # -- Failover: a dead worker's rooms are dispatched again (_failover.py) -------------------
+
+    async def on_webhook(self, body: bytes, authorization: str) -> dict[str, object]:
+        """A webhook of the LiveKit server (``POST /v1/livekit/webhook``): an agent that left a
+        room whose record says its call was live is sent back there (in the background)."""
+        from livekit import api
+
+        receiver = api.WebhookReceiver(api.TokenVerifier(self.setup.api_key, self.setup.api_secret))
+        try:
+            event = receiver.receive(body.decode(errors="replace"), authorization)
+        except Exception as exc:  # noqa: BLE001 - livekit-api raises bare Exceptions for a bad signature
+            log.warning("a webhook with a signature that does not hold was refused: %s", exc)
+            raise Unauthorized() from None
+        if event.event != "participant_left" or event.participant.kind != AGENT_KIND:
+            return {"taken": False}
+        if self._background is None or self._closing:
+            return {"taken": False}
+        taken = self._failover.rescue_nowait(
+            event.room.name, event.participant.identity, event.room.metadata, self._background
+        )
+        return {"taken": taken}
 
 
 class _SocketLost(Exception):

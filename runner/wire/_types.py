@@ -1,29 +1,17 @@
-"""Every type of the host protocol, and the one converter between them and JSON.
+"""Every type of the host protocol: attrs classes and the literals they take.
 
-Attributes are snake_case; the wire is camelCase, renamed here and nowhere else.
-Structuring is strict: a string is a string, an integer is never a bool or a float,
-and unknown fields are ignored, as the protocol asks. Pure: no Trio, no Quart.
+Attributes are snake_case; the converter (``_converter.py``) renames them to the wire's
+camelCase. Validators hold the protocol's invariants. Pure: no Trio, no Quart.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
-import types
-import typing
-from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import attrs
-import cattrs
-from cattrs.cols import list_structure_factory
-from cattrs.errors import AttributeValidationNote, IterableValidationNote
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from journal import Record
-
-T = TypeVar("T")
 
 PROTOCOL_VERSION = 1
 PROTOCOL_VERSIONS = (1,)
@@ -118,11 +106,21 @@ ErrorCode = Literal[
 ]
 
 
+HealthState = Literal["starting", "ready", "draining"]
+"""Before the ``ready`` record (a worker: until it first registered), after it, once draining."""
+LiveKitState = Literal["connecting", "registered"]
+"""A worker's socket to its LiveKit server: registered on it, or (re)connecting."""
+
+
 @attrs.frozen(kw_only=True)
 class Health:
+    """``GET /health``: answered in every state, which ``state`` (and a worker's ``livekit``) says."""
+
     ok: bool = attrs.field(validator=_equals(True))
     protocol_version: int = attrs.field(validator=_equals(1))
     versions: list[int] = attrs.field(validator=_length(1, 1 << 16))
+    state: HealthState | None = None
+    livekit: LiveKitState | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -216,6 +214,42 @@ Lifecycle = LifecycleReady | LifecycleDraining | LifecycleEnded | LifecycleRecov
 # -- Calls ---------------------------------------------------------------------------------
 
 
+HISTORY_TURNS_MAX = 200
+HISTORY_TEXT_MAX = 4096
+HISTORY_BYTES_MAX = 64 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class HistoryTurn:
+    """One turn of a conversation that travels with a resumed call."""
+
+    role: Literal["user", "assistant"]
+    text: str = attrs.field(validator=_length(0, HISTORY_TEXT_MAX))
+
+
+def _history_bounds(instance: Any, attribute: attrs.Attribute[Any], value: list[HistoryTurn]) -> None:
+    if len(value) > HISTORY_TURNS_MAX:
+        raise FieldError(attribute.name, f"must hold at most {HISTORY_TURNS_MAX} turns")
+    if sum(len(turn.text.encode()) for turn in value) > HISTORY_BYTES_MAX:
+        raise FieldError(attribute.name, f"must hold at most {HISTORY_BYTES_MAX} bytes of text")
+
+
+@attrs.frozen(kw_only=True)
+class ResumedCall:
+    """The ``resume`` extension of a start: the call continues one another runner held.
+
+    Not part of host protocol 1.0 (docs/failover.md): a runner that does not know it
+    ignores it, as the protocol asks of unknown fields, and starts the call afresh.
+
+    Attributes:
+        history: The conversation so far, oldest first, as the host followed it.
+        reason: Why it moved (``runner_lost``: its runner stopped answering).
+    """
+
+    history: list[HistoryTurn] = attrs.field(factory=list, validator=_history_bounds)
+    reason: str = attrs.field(default="runner_lost", validator=_length(1, 64))
+
+
 @attrs.frozen(kw_only=True)
 class StartCallRequest:
     """``POST /v1/sessions``. Strings non-empty; unknown fields ignored."""
@@ -228,6 +262,7 @@ class StartCallRequest:
     client_context: dict[str, str] | None = None
     direction: Direction = "inbound"
     experiments: dict[str, str] | None = None
+    resume: ResumedCall | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -339,6 +374,7 @@ class CallMessages:
         validator=attrs.validators.deep_mapping(attrs.validators.instance_of(str), _at_least(0))
     )
     refused_queued_host_messages: int = attrs.field(validator=_at_least(0))
+    undelivered_queued_host_messages: int | None = attrs.field(default=None, validator=_at_least(0))
 
 
 @attrs.frozen(kw_only=True)
@@ -438,282 +474,3 @@ class EffectiveSettings:
 class SessionSettingsResponse:
     session_id: str = attrs.field(validator=_non_empty)
     settings: EffectiveSettings
-
-
-# -- The converter -------------------------------------------------------------------------
-
-_RENAMES = {"cls": "class", "base_url": "baseURL"}
-_TAGS = frozenset({"event", "type", "name"})
-_NAMES = {str: "a string", int: "an integer", float: "a number", type(None): "null"}
-_LIFECYCLE: dict[str, type] = {
-    "ready": LifecycleReady,
-    "draining": LifecycleDraining,
-    "ended": LifecycleEnded,
-    "recovered": LifecycleRecovered,
-}
-
-
-def origin_of(annotation: Any) -> Any:
-    """``typing.get_origin``, typed for any annotation (its overloads narrow to ``ParamSpec``)."""
-    return typing.get_origin(annotation)
-
-
-def wire_name(attribute: str) -> str:
-    """The wire's name for an attribute: camelCase, with the protocol's exceptions."""
-    if attribute in _RENAMES:
-        return _RENAMES[attribute]
-    head, *rest = attribute.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-def _strict(expected: type, name: str) -> Any:
-    def structure(value: Any, _: Any) -> Any:
-        # bool is an int in Python, never on the wire.
-        if type(value) is not expected and not (expected is float and type(value) is int):
-            raise TypeError(f"expected {name}")
-        return value
-
-    return structure
-
-
-def _make_converter() -> cattrs.Converter:
-    converter = cattrs.Converter(omit_if_default=True, detailed_validation=True)
-    converter.register_structure_hook(str, _strict(str, "a string"))
-    converter.register_structure_hook(int, _strict(int, "an integer"))
-    converter.register_structure_hook(bool, _strict(bool, "a boolean"))
-    converter.register_structure_hook(float, _strict(float, "a number"))
-
-    def structure_object(value: Any, _: Any) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise TypeError("expected an object")
-        return value
-
-    converter.register_structure_hook_func(
-        lambda t: t in (dict[str, Any], Mapping[str, Any]), structure_object
-    )
-
-    def renames(cls: type) -> dict[str, Any]:
-        return {
-            a.name: override(rename=wire_name(a.name))
-            for a in attrs.fields(cls)
-            if wire_name(a.name) != a.name
-        }
-
-    def structure_factory(cls: type) -> Any:
-        inner: Callable[..., Any] = make_dict_structure_fn(
-            cls, converter, _cattrs_detailed_validation=True, **renames(cls)
-        )
-        _attribute_of = {wire_name(a.name): a.name for a in attrs.fields(cls)}
-        wire_names = set(_attribute_of)
-
-        nullable = {wire_name(a.name) for a in attrs.fields(cls) if a.metadata.get("nullable")}
-
-        def structure(value: Any, target: type) -> Any:
-            if not isinstance(value, dict):
-                raise TypeError("expected an object")
-            # An optional field may be left out; null is a value only where the protocol says so.
-            nulls = [k for k, v in value.items() if v is None and k in wire_names and k not in nullable]
-            if nulls:
-                raise FieldError(_attribute_of[nulls[0]], "must not be null")
-            return inner(value, target)
-
-        return structure
-
-    def unstructure_factory(cls: type) -> Any:
-        # A tag (a record's event or type) is written even though it is its default.
-        overrides = renames(cls)
-        for a in attrs.fields(cls):
-            if a.name in _TAGS:
-                overrides[a.name] = override(omit_if_default=False)
-        return make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True, **overrides)
-
-    def structure_scalar_union(value: Any, target: Any) -> Any:
-        args = typing.get_args(target)
-        allowed = tuple(t for t in args if t is not type(None))
-        if value is None and type(None) in args:
-            return None
-        if type(value) in allowed or (float in allowed and type(value) is int):
-            return value
-        raise TypeError("expected " + " or ".join(_NAMES.get(t, t.__name__) for t in allowed))
-
-    converter.register_structure_hook_func(
-        lambda t: (
-            origin_of(t) in (types.UnionType, typing.Union)
-            and all(a in (str, int, float, type(None)) for a in typing.get_args(t))
-        ),
-        structure_scalar_union,
-    )
-
-    def list_factory(target: Any) -> Any:
-        inner = list_structure_factory(target, converter)
-
-        def structure(value: Any, _: Any) -> list[Any]:
-            # cattrs would happily iterate a string into a list of characters.
-            if not isinstance(value, list):
-                raise TypeError("expected an array")
-            return inner(value, target)  # type: ignore[no-any-return]  # cattrs' structure hooks return Any
-
-        return structure
-
-    converter.register_structure_hook_factory(lambda t: origin_of(t) is list, list_factory)
-
-    def structure_heartbeat(value: Any, _: Any) -> Heartbeat:
-        if isinstance(value, dict) and "envelope" in value:
-            raise ValueError("a line with an envelope is a record, not a heartbeat")
-        return structure_factory(Heartbeat)(value, Heartbeat)  # type: ignore[no-any-return]  # cattrs' structure hooks return Any
-
-    converter.register_structure_hook(Heartbeat, structure_heartbeat)
-
-    def structure_object_or_text(value: Any, _: Any) -> Any:
-        if isinstance(value, (dict, str)):
-            return value
-        raise TypeError("expected an object or a string")
-
-    converter.register_structure_hook_func(lambda t: t == (JSONObject | str), structure_object_or_text)
-
-    def structure_lifecycle(value: Any, _: Any) -> Lifecycle:
-        if not isinstance(value, dict) or value.get("event") not in _LIFECYCLE:
-            raise ValueError("event must be one of " + ", ".join(_LIFECYCLE))
-        return converter.structure(value, _LIFECYCLE[value["event"]])
-
-    converter.register_structure_hook_func(lambda t: t == Lifecycle, structure_lifecycle)
-    converter.register_structure_hook_factory(attrs.has, structure_factory)
-    converter.register_unstructure_hook_factory(attrs.has, unstructure_factory)
-    return converter
-
-
-converter = _make_converter()
-
-
-class WireError(Exception):
-    """A body did not decode: ``issues`` says where and why."""
-
-    def __init__(self, issues: list[Issue]) -> None:
-        super().__init__("; ".join(f"{_dotted(i.path)}: {i.message}" for i in issues))
-        self.issues = issues
-
-
-def _dotted(path: list[str | int]) -> str:
-    return ".".join(str(p) for p in path) or "(body)"
-
-
-def _issues(exc: BaseException, path: list[str | int]) -> list[Issue]:
-    if isinstance(exc, BaseExceptionGroup):
-        found: list[Issue] = []
-        for sub in exc.exceptions:
-            sub_path = list(path)
-            for note in getattr(sub, "__notes__", ()):
-                if isinstance(note, AttributeValidationNote):
-                    sub_path.append(wire_name(note.name))
-                elif isinstance(note, IterableValidationNote):
-                    sub_path.append(note.index)
-            found.extend(_issues(sub, sub_path))
-        return found
-    if isinstance(exc, KeyError):
-        return [Issue(path=path, message="is required")]
-    if isinstance(exc, FieldError):
-        return [Issue(path=[*path, wire_name(exc.attribute)], message=str(exc))]
-    message = str(exc) or type(exc).__name__
-    if (isinstance(exc, ValueError) and "not in" in message.lower()) or "literal" in message.lower():
-        message = "is not one of the allowed values"
-    return [Issue(path=path, message=message)]
-
-
-MAX_JSON_DEPTH = 128
-"""Objects and arrays nested deeper than this are refused (docs/host-protocol.md)."""
-
-
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"{text[:32]} is too large for a number")
-    return value
-
-
-# One decoder: json.loads with any option builds a new one per call, which costs as much as
-# parsing a small record (a host's follower parses every stream line).
-_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
-
-
-def _check_text(text: str) -> None:
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("a string holds a lone surrogate: not Unicode text") from None
-
-
-def _check_value(value: Any, *, depth: bool, text: bool) -> None:
-    """Refuse containers nested deeper than MAX_JSON_DEPTH, and (``text``) lone surrogates."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            if depth and level > MAX_JSON_DEPTH:
-                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
-            for key, child in item.items():
-                if text:
-                    _check_text(key)
-                stack.append((child, level + 1))
-        elif isinstance(item, list):
-            if depth and level > MAX_JSON_DEPTH:
-                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
-            stack.extend((child, level + 1) for child in item)
-        elif text and isinstance(item, str):
-            _check_text(item)
-
-
-def parse_json(text: str | bytes) -> Any:
-    """Parse JSON as RFC 8259 defines it, as this runner can keep it.
-
-    Refused, as no record could keep them and no host could read them back: ``NaN``,
-    ``Infinity`` and ``-Infinity`` (which Python's ``json`` reads), a number too large for
-    a double (``1e999``), a lone surrogate escaped in a string (``"\\ud800"``: strings are
-    Unicode scalar values), and nesting deeper than :data:`MAX_JSON_DEPTH`.
-
-    Raises:
-        ValueError: ``text`` is not such JSON.
-    """
-    raw = not isinstance(text, str)
-    if not isinstance(text, str):
-        # What json.loads does with bytes (surrogates encoded in the bytes come through).
-        text = text.decode(json.detect_encoding(text), "surrogatepass")
-    try:
-        value = _DECODER.decode(text)
-    except RecursionError:
-        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
-    deep = text.count("[") + text.count("{") > MAX_JSON_DEPTH
-    escaped = "\\u" in text or (raw and not text.isascii())
-    if deep or escaped:
-        _check_value(value, depth=deep, text=escaped)
-    return value
-
-
-def decode(cls: type[T], value: Any) -> T:
-    """Structure a JSON value as ``cls``.
-
-    Raises:
-        WireError: With one issue per problem, paths in wire names.
-    """
-    try:
-        return converter.structure(value, cls)
-    except Exception as exc:
-        # cattrs reports every problem at once as an exception group; keep them all.
-        raise WireError(_issues(exc, [])) from exc
-
-
-def encode(value: Any) -> Any:
-    """Unstructure a wire type (or a list of them) to JSON-ready values."""
-    return converter.unstructure(value)
-
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-
-
-def json_bytes(value: Any) -> bytes:
-    """A wire type (or plain JSON value) as compact JSON, UTF-8."""
-    return _ENCODER.encode(encode(value)).encode()
