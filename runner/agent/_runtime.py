@@ -211,27 +211,27 @@ class AgentRuntime:
     async def _emit(self, event: TurnEvent) -> None:
         if self._pipeline is not None:
             await self._pipeline.play(event)
-        if isinstance(event, TurnFinished):
-            self.tools.turn_finished(event.result.turn)
-            result = event.result
-            if result.error_code is not None:
+        match event:
+            case TurnFinished(result=result):
+                self.tools.turn_finished(result.turn)
+                if result.error_code is not None:
+                    log.warning(
+                        "call %s: turn %s failed at the %s: %s",
+                        self.call.session_id,
+                        result.turn,
+                        _STAGE_NAMES.get(result.stage or "", result.stage),
+                        result.reason,
+                    )
+                await self.records.turn(result)
+            case SpeechFailed():
                 log.warning(
-                    "call %s: turn %s failed at the %s: %s",
+                    "call %s: turn %s could not speak sentence %d (tts): %s: %s",
                     self.call.session_id,
-                    result.turn,
-                    _STAGE_NAMES.get(result.stage or "", result.stage),
-                    result.reason,
+                    event.turn,
+                    event.chunk,
+                    event.code,
+                    event.message,
                 )
-            await self.records.turn(result)
-        elif isinstance(event, SpeechFailed):
-            log.warning(
-                "call %s: turn %s could not speak sentence %d (tts): %s: %s",
-                self.call.session_id,
-                event.turn,
-                event.chunk,
-                event.code,
-                event.message,
-            )
         for listener in self._listeners:
             await listener(event)
 
@@ -547,30 +547,31 @@ class AgentRuntime:
                 return
 
     async def _on_event(self, event: TransportEvent) -> None:
-        if isinstance(event, UserText):
-            if not self._listening:
-                # While the transfer target is in the call the agent takes no turns.
-                log.info("call %s: typed text ignored during a transfer", self.call.session_id)
-                return
-            # Typed turns queue behind the running one; only speech barges in.
-            self._queue.put(event.text)
-        elif isinstance(event, AudioFrame):
-            if self._pipeline is not None and self._listening:
-                await self._pipeline.hear(event.pcm, event.sample_rate_hz)
-        elif isinstance(event, DtmfReceived):
-            # Kept in order by their own task: a slow handler never holds the caller's audio.
-            self._queue.asked()
-            self._keys_send.send_nowait(event)
-        elif isinstance(event, ParticipantJoined) and event.kind == "transfer_target":
-            # While the transfer target is in the call the agent neither listens nor speaks.
-            self._listening = False
-            self.interrupt("transferred")
-            if self._pipeline is not None:
-                await self._pipeline.clear()
-            await self.records.event("curb.transfer", {"state": "target_joined", "identity": event.identity})
-        elif isinstance(event, ParticipantLeft) and event.kind == "transfer_target":
-            self._listening = True
-            await self.records.event("curb.transfer", {"state": "agent_resumed", "identity": event.identity})
+        match event:
+            case UserText(text=text):
+                if not self._listening:
+                    # While the transfer target is in the call the agent takes no turns.
+                    log.info("call %s: typed text ignored during a transfer", self.call.session_id)
+                    return
+                # Typed turns queue behind the running one; only speech barges in.
+                self._queue.put(text)
+            case AudioFrame(pcm=pcm, sample_rate_hz=rate_hz):
+                if self._pipeline is not None and self._listening:
+                    await self._pipeline.hear(pcm, rate_hz)
+            case DtmfReceived():
+                # Kept in order by their own task: a slow handler never holds the caller's audio.
+                self._queue.asked()
+                self._keys_send.send_nowait(event)
+            case ParticipantJoined(kind="transfer_target", identity=identity):
+                # While the transfer target is in the call the agent neither listens nor speaks.
+                self._listening = False
+                self.interrupt("transferred")
+                if self._pipeline is not None:
+                    await self._pipeline.clear()
+                await self.records.event("curb.transfer", {"state": "target_joined", "identity": identity})
+            case ParticipantLeft(kind="transfer_target", identity=identity):
+                self._listening = True
+                await self.records.event("curb.transfer", {"state": "agent_resumed", "identity": identity})
 
     async def finish_utterance(self) -> None:
         """Take no new turns; return once the running one (if any) ended.

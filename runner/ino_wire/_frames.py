@@ -100,6 +100,8 @@ class Knowledge:
     entries: list[KnowledgeEntry]
 
 
+# Whose tool a call is: the platform's own, the app's (run on the person's side), or the
+# agent's (run by the runner: a webhook, in the app's view).
 ToolKind = Literal["platform", "webhook", "app"]
 
 
@@ -168,6 +170,8 @@ class Source:
 
 @attrs.frozen(kw_only=True)
 class TurnTimings:
+    """How long a turn took: to the model's first text, to its first audio sent, in all."""
+
     model_first_text_ms: int | None
     first_audio_sent_ms: int | None
     total_ms: int

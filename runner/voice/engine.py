@@ -44,7 +44,6 @@ from .events import (
     ReplyDelta,
     SpeechFailed,
     Thought,
-    Timings,
     ToolEnded,
     ToolRecord,
     ToolStarted,
@@ -52,6 +51,7 @@ from .events import (
     TurnFinished,
     TurnResult,
     TurnStarted,
+    TurnTimings,
     UsageReported,
 )
 
@@ -193,7 +193,7 @@ class Turn:
             chunks_spoken=self._chunks_spoken,
             tool_calls=tuple(self._tool_calls),
             usage=tuple(self._usage),
-            timings=Timings(
+            timings=TurnTimings(
                 model_first_text_ms=self._ms(self._first_text),
                 first_audio_sent_ms=self._ms(self._first_audio),
                 total_ms=self._ms(time.monotonic()) or 0,

@@ -10,15 +10,15 @@ pipeline plays their audio. A new fact of a turn is one class here and one case 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
+# A tool call's kind and a turn's timings are stated by the agent socket's frames exactly as a
+# turn knows them, so they are declared once, there (the lower layer), and used here as they are.
+from ..ino_wire import ToolKind as ToolKind
+from ..ino_wire import TurnTimings as TurnTimings
 from ..providers import Usage
-
-# Whose tool a call is: the platform's own, the app's (run on the person's side), or the
-# agent's (run by the runner: a webhook, in the app's view).
-ToolKind = Literal["platform", "app", "webhook"]
 
 
 @attrs.frozen(kw_only=True)
@@ -187,13 +187,6 @@ class ToolRecord:
 
 
 @attrs.frozen(kw_only=True)
-class Timings:
-    model_first_text_ms: int | None
-    first_audio_sent_ms: int | None
-    total_ms: int
-
-
-@attrs.frozen(kw_only=True)
 class TurnResult:
     """How a turn ended: exactly one per turn, ``interrupted`` or done."""
 
@@ -205,7 +198,7 @@ class TurnResult:
     chunks_spoken: int
     tool_calls: tuple[ToolRecord, ...]
     usage: tuple[Usage, ...]
-    timings: Timings
+    timings: TurnTimings
     heard: str | None = None
     heard_seconds: float | None = None
     #: Where a failed turn failed (``"stt"``, ``"model"``), with ``error_code``.

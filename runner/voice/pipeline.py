@@ -210,29 +210,30 @@ class VoicePipeline:
             return
         listener.use(self._hooks.recognizer())
         for heard in listener.feed(pcm, sample_rate_hz):
-            if isinstance(heard, SpeechStarted):
-                self._record_utterance(sample_rate_hz)
-                if self._playing and self._backchannels:
-                    # Over the agent's voice: hold it until the words say what this is.
-                    mark("voice_held")
-                    self._overlapping = True
-                    self._overlap_ms = 0.0
-                    if self._voice.is_set():
-                        self._voice = trio.Event()
-                elif self._hooks.on_start_of_speech():
-                    # The caller talks over the agent: drop what of its voice is still queued.
-                    await self._out.clear_audio()
-            elif isinstance(heard, SpeechPaused):
-                mark("paused")
-                self._on_pause(heard)
-            elif isinstance(heard, SpeechResumed):
-                mark("resumed")
-                self._pauses += 1
-                if self._speculation is not None:
-                    self._speculation.cancel()
-                    self._speculation = None
-            else:
-                self._end_turn(heard)
+            match heard:
+                case SpeechStarted():
+                    self._record_utterance(sample_rate_hz)
+                    if self._playing and self._backchannels:
+                        # Over the agent's voice: hold it until the words say what this is.
+                        mark("voice_held")
+                        self._overlapping = True
+                        self._overlap_ms = 0.0
+                        if self._voice.is_set():
+                            self._voice = trio.Event()
+                    elif self._hooks.on_start_of_speech():
+                        # The caller talks over the agent: drop what of its voice is still queued.
+                        await self._out.clear_audio()
+                case SpeechPaused():
+                    mark("paused")
+                    self._on_pause(heard)
+                case SpeechResumed():
+                    mark("resumed")
+                    self._pauses += 1
+                    if self._speculation is not None:
+                        self._speculation.cancel()
+                        self._speculation = None
+                case SpeechEnded():
+                    self._end_turn(heard)
         if self._recording is not None:
             self._recording.add(listener.speech_after(len(self._recording.audio)))
         if self._overlapping and listener.speaking:
@@ -449,26 +450,27 @@ class VoicePipeline:
 
     async def play(self, event: TurnEvent) -> None:
         """Play what of a turn's events is audio; keep what it says (see :meth:`is_caller`)."""
-        if isinstance(event, TurnStarted):
-            self._saying = ""
-        elif isinstance(event, ReplyDelta):
-            self._saying += event.text
-        elif isinstance(event, TurnFinished):
-            self._said_before, self._saying = event.result.text, ""
-            self._playing = False
-        elif isinstance(event, AudioStart):
-            self._rate_hz = event.sample_rate_hz
-            self._first_audio = self._first_audio or event.chunk == 0
-        elif isinstance(event, AudioData):
-            self._playing = True
-            if not self._voice.is_set():
-                # Held while the caller's speech over it is judged. Not a yield otherwise: a
-                # sentence's pieces, synthesized together, queue together (one socket frame).
-                await self._voice.wait()
-            await self._out.publish_audio(event.pcm, self._rate_hz)
-            if self._first_audio:
-                self._first_audio = False
-                mark("published_first_audio")
+        match event:
+            case TurnStarted():
+                self._saying = ""
+            case ReplyDelta(text=text):
+                self._saying += text
+            case TurnFinished(result=result):
+                self._said_before, self._saying = result.text, ""
+                self._playing = False
+            case AudioStart(chunk=chunk, sample_rate_hz=rate_hz):
+                self._rate_hz = rate_hz
+                self._first_audio = self._first_audio or chunk == 0
+            case AudioData(pcm=pcm):
+                self._playing = True
+                if not self._voice.is_set():
+                    # Held while the caller's speech over it is judged. Not a yield otherwise: a
+                    # sentence's pieces, synthesized together, queue together (one socket frame).
+                    await self._voice.wait()
+                await self._out.publish_audio(pcm, self._rate_hz)
+                if self._first_audio:
+                    self._first_audio = False
+                    mark("published_first_audio")
 
     async def clear(self) -> None:
         """Drop what of the agent's voice is still queued (a transfer, a barge-in)."""

@@ -14,7 +14,7 @@ from runner.providers.pocketsphinx import PocketsphinxSTT
 from runner.providers.whisper import WhisperStream, WhisperSTT
 from runner.transports.loopback import LoopbackSession
 from runner.voice.audio import frames
-from runner.voice.events import ReplyDelta, Timings, TurnFinished, TurnResult, TurnStarted
+from runner.voice.events import ReplyDelta, TurnFinished, TurnResult, TurnStarted, TurnTimings
 from runner.voice.listener import Utterance
 from runner.voice.pipeline import VoicePipeline
 from runner.voice.preempt import PrefetchedReply
@@ -206,5 +206,5 @@ def finished(turn: str, text: str) -> TurnResult:
         chunks_spoken=1,
         tool_calls=(),
         usage=(),
-        timings=Timings(model_first_text_ms=None, first_audio_sent_ms=None, total_ms=10),
+        timings=TurnTimings(model_first_text_ms=None, first_audio_sent_ms=None, total_ms=10),
     )

@@ -204,11 +204,7 @@ def _closed(event: TurnClosed) -> Iterator[Any]:
             for c, kind in event.reported_tools()
         ],
         sources=[],
-        timings=w.TurnTimings(
-            model_first_text_ms=result.timings.model_first_text_ms,
-            first_audio_sent_ms=result.timings.first_audio_sent_ms,
-            total_ms=result.timings.total_ms,
-        ),
+        timings=result.timings,
     )
     if event.relation is not None:
         yield w.Relation(turn=tid, **attrs.asdict(relation_body(event.relation), recurse=False))
