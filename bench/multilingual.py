@@ -86,7 +86,7 @@ def _source(name: str) -> Any:
 
 def memory(name: str) -> dict[str, Any]:
     """One model's memory and load time, in this (fresh) process."""
-    import faster_whisper  # noqa: F401  (the libraries' own memory counts as before)
+    import faster_whisper  # noqa: F401 - imported so the libraries' own memory counts as before
 
     english = trio.run(_clips, HibariTTS(), ENGLISH)
     before = _status("VmRSS")

@@ -196,7 +196,7 @@ def answer_to(content: str) -> str:
             ChatMessage(role="assistant", content="", tool_calls=[call]),
             ChatMessage(role="tool", content=content, tool_call_id="c1"),
         ]
-    )  # type: ignore[return-value]
+    )
 
 
 async def test_a_tool_result_is_said_as_words_never_as_json() -> None:
